@@ -1,0 +1,24 @@
+# nanoGPT's documented CPU recipe (README "I only have a macbook"): a small model, char-level Tiny Shakespeare,
+# ~4 minutes of a 2-core CPU per arch. Usage: python train.py config/train_shakespeare_char_cpu.py --arch=bert
+dataset = "shakespeare_char"
+device = "cpu"
+compile = False
+n_layer = 4
+n_head = 4
+n_embd = 128
+block_size = 64
+batch_size = 12
+dropout = 0.0
+bias = False
+max_iters = 2000
+lr_decay_iters = 2000
+learning_rate = 1e-3
+min_lr = 1e-4
+warmup_iters = 100
+weight_decay = 0.1
+beta1 = 0.9
+beta2 = 0.99
+grad_clip = 1.0
+eval_interval = 250
+eval_iters = 20
+log_interval = 100

@@ -1,0 +1,69 @@
+"""
+Shared by data/*/prepare.py: get the text (download, or --input for a local copy), split 90/10, write
+train.bin / val.bin (uint16 token ids) and meta.pkl. Writes are atomic: a failed run leaves nothing half-written.
+
+The special tokens every objective needs are defined here, once, and recorded in meta.pkl; the rest of the code
+reads them from there.
+"""
+import os
+import pickle
+import sys
+import urllib.request
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+from configurator import UserError, apply_overrides, run_main  # noqa: E402,F401
+
+TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+NUM_SENTINELS = 100  # as T5 (extra_ids=100)
+# [PAD] also starts t5's decoder; [NLU]/[NLG]/[S2S] are UL2's mode tokens for its R/X/S denoisers
+SPECIAL_TOKENS = ["[PAD]", "[EOS]", "[MASK]", "[NLU]", "[NLG]", "[S2S]"] + [f"<S{i}>" for i in range(NUM_SENTINELS)]
+
+
+def parse_args(argv):
+    return apply_overrides({"input": ""}, argv)
+
+
+def read_text(input_path, dataset_dir):
+    if input_path:
+        if not os.path.isfile(input_path):
+            raise UserError(f"--input={input_path} does not exist: point it at a copy of Tiny Shakespeare's input.txt")
+        with open(input_path, encoding="utf-8") as f:
+            return f.read()
+    cached = os.path.join(dataset_dir, "input.txt")
+    if not os.path.exists(cached):
+        try:
+            with urllib.request.urlopen(TINY_SHAKESPEARE_URL, timeout=30) as response:
+                text = response.read().decode("utf-8")
+        except OSError as e:
+            raise UserError(f"could not download Tiny Shakespeare ({e.__class__.__name__}); offline, run "
+                            f"python {os.path.relpath(dataset_dir)}/prepare.py --input=/path/to/input.txt") from None
+        with open(cached + ".tmp", "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(cached + ".tmp", cached)
+    with open(cached, encoding="utf-8") as f:
+        return f.read()
+
+
+def special_token_ids(num_ordinary):
+    return {name: num_ordinary + i for i, name in enumerate(SPECIAL_TOKENS)}
+
+
+def write_dataset(dataset_dir, ids, meta):
+    """ids: all token ids of the text; 90% train, 10% val. meta gets the special tokens added."""
+    if len(ids) < 100:
+        raise UserError(f"the text has only {len(ids)} tokens: too little to split into train and val")
+    meta = dict(meta, specials=special_token_ids(meta["num_ordinary"]), num_sentinels=NUM_SENTINELS,
+                vocab_size=meta["num_ordinary"] + len(SPECIAL_TOKENS))
+    assert meta["vocab_size"] <= 2 ** 16, "uint16 storage"
+    ids = np.asarray(ids, dtype=np.uint16)
+    n = int(0.9 * len(ids))
+    for name, part in (("train.bin", ids[:n]), ("val.bin", ids[n:])):
+        part.tofile(os.path.join(dataset_dir, name + ".tmp"))
+    with open(os.path.join(dataset_dir, "meta.pkl.tmp"), "wb") as f:
+        pickle.dump(meta, f)
+    for name in ("train.bin", "val.bin", "meta.pkl"):  # meta last: its presence means "prepared"
+        os.replace(os.path.join(dataset_dir, name + ".tmp"), os.path.join(dataset_dir, name))
+    print(f"{dataset_dir}: {n:,} train and {len(ids) - n:,} val tokens, vocabulary {meta['vocab_size']} "
+          f"({meta['num_ordinary']} text + {len(SPECIAL_TOKENS)} special)")

@@ -1,0 +1,248 @@
+"""
+KV caching: why decoders are cheap to run and encoders are not (claim D4).
+
+Under a causal mask the keys and values of position i depend only on tokens 0..i, so once computed they never
+change: keep them (a KV cache), and each new token costs one position's worth of compute instead of the whole
+sequence. The same fact lets several requests share one prompt's K/V (prefix caching).
+
+    gpt       prefill the prompt (causal, one forward), then decode one token at a time against the cache
+    prefixlm  the prompt is the bidirectional prefix, computed once; generated tokens are causal and append:
+              valid because nothing after the prefix changes the prefix
+    t5        the encoder runs once; cross-attention K/V computed once; decoder self-attention cached like gpt
+    bert      no cache can be correct: appending a token changes every earlier representation
+              (`bidirectional_cache_error` measures by how much). Generation needs iterative mask-predict, see
+              sample.py.
+
+The cache is preallocated (no torch.cat per token): (layers, B, heads, max_length, head size) for K and for V.
+"""
+import torch
+
+from model import ATTENTION_KIND
+
+
+class LayerCache:
+    """One layer's view of the shared cache; the attention module calls update(k, v)."""
+    fixed = False
+
+    def __init__(self, cache, index):
+        self.cache, self.index = cache, index
+
+    def update(self, k, v):
+        # k, v: (B, nh, T_new, hs) for the new positions; write them in place, return [cached ; new]
+        c, start = self.cache, self.cache.length
+        end = start + k.size(2)
+        c.keys[self.index, :, :, start:end] = k
+        c.values[self.index, :, :, start:end] = v
+        return c.keys[self.index, :, :, :end], c.values[self.index, :, :, :end]  # views, no copy
+
+
+class FixedKV:
+    """t5's cross-attention K/V for one decoder layer: computed once from the encoder output."""
+    fixed = True
+
+    def __init__(self, keys, values):
+        self.keys, self.values = keys, values
+
+
+class KVCache:
+    def __init__(self, model, batch_size, max_length=None, device=None, dtype=None):
+        c = model.config
+        parameter = next(model.parameters())
+        device, dtype = device or parameter.device, dtype or parameter.dtype
+        self.max_length = max_length or c.block_size
+        n_layers = c.n_decoder_layer if c.arch == "t5" else c.n_layer
+        shape = (n_layers, batch_size, c.n_head, self.max_length, c.n_embd // c.n_head)
+        self.keys = torch.zeros(shape, device=device, dtype=dtype)
+        self.values = torch.zeros(shape, device=device, dtype=dtype)
+        self.tokens = torch.zeros(batch_size, self.max_length, dtype=torch.long, device=device)  # what is cached
+        self.length = 0           # positions filled so far
+        self.prefix_length = None  # prefixlm: (B,) the bidirectional prefix
+        self.cross, self.cross_mask = None, None  # t5
+        self._layers = [LayerCache(self, i) for i in range(n_layers)]
+
+    def layer(self, i):
+        return self._layers[i]
+
+    def cross_layer(self, i):
+        return self.cross[i] if self.cross is not None else None
+
+    def advance(self, ids, T):
+        if self.length + T > self.max_length:
+            raise ValueError(f"KV cache full: {self.length} + {T} > {self.max_length}")
+        self.tokens[:, self.length:self.length + T] = ids
+        self.length += T
+
+    def set_encoder_output(self, model, memory, key_lengths=None):
+        """t5: compute every decoder layer's cross-attention K/V once; the encoder output never changes."""
+        self.cross = []
+        for block in model.decoder_blocks:
+            attention = block.cross_attention
+            k, v = attention.key_value(memory).split(model.config.n_embd, dim=2)
+            self.cross.append(FixedKV(attention.split_heads(k), attention.split_heads(v)))
+        if key_lengths is not None:
+            import masks
+            self.cross_mask, _ = masks.attention_mask("bidirectional", 1, memory.size(1), key_lengths=key_lengths,
+                                                      device=memory.device)
+
+    def fork(self, batch_size):
+        """Prefix caching across samples: a new cache of batch_size rows that all start from row 0's K/V, so
+        one prefill serves every continuation (a copy of memory, no recomputation)."""
+        other = KVCache.__new__(KVCache)
+        other.__dict__.update(self.__dict__)
+        other.keys = self.keys[:, :1].repeat(1, batch_size, 1, 1, 1)  # (layers, B, nh, max_length, hs)
+        other.values = self.values[:, :1].repeat(1, batch_size, 1, 1, 1)
+        other.tokens = self.tokens[:1].repeat(batch_size, 1)
+        if self.prefix_length is not None:
+            other.prefix_length = self.prefix_length[:1].repeat(batch_size)
+        if self.cross is not None:
+            other.cross = [FixedKV(f.keys[:1].expand(batch_size, -1, -1, -1),
+                                   f.values[:1].expand(batch_size, -1, -1, -1)) for f in self.cross]
+            if self.cross_mask is not None:
+                other.cross_mask = self.cross_mask[:1].expand(batch_size, -1, -1, -1)
+        other._layers = [LayerCache(other, i) for i in range(len(self._layers))]
+        return other
+
+
+# ----------------------------------------------------------------------------- prefill and decode
+
+def forward_with_cache(model, ids, cache):
+    """Run new tokens `ids` (B, T_new) on top of what `cache` holds; return logits of every new position.
+    T_new > 1 on a non-empty cache is chunked prefill: masks.attention_mask aligns the causal mask bottom-right."""
+    if model.config.arch == "t5":
+        hidden = model.decode(ids, cache=cache)
+    else:
+        hidden = model.run_stack(ids, prefix_length=cache.prefix_length, cache=cache)
+    return model.lm_head(hidden)  # (B, T_new, V)
+
+
+def prefill(model, prompt, cache, encoder_inputs=None, encoder_lengths=None):
+    """Fill the cache with a prompt in one forward; return the logits of its last position (B, V).
+    prefixlm: the prompt becomes the bidirectional prefix. t5: `encoder_inputs` go through the encoder once and
+    `prompt` is the decoder's start (usually the start token)."""
+    arch = model.config.arch
+    if arch == "t5":
+        memory = model.encode(encoder_inputs, encoder_lengths)
+        cache.set_encoder_output(model, memory, encoder_lengths)
+    elif ATTENTION_KIND[arch] == "prefix":
+        cache.prefix_length = torch.full((prompt.size(0),), cache.length + prompt.size(1), device=prompt.device)
+    return forward_with_cache(model, prompt, cache)[:, -1]
+
+
+def extend_prompt(model, prompt, cache):
+    """Prefix caching for one request stream (gpt): if the cache already holds a prefix of `prompt`, compute
+    only the new tokens (a chunked prefill). Returns (logits of the last position, number of tokens computed).
+    Only sound for causal attention: in prefixlm or bert, new prompt tokens would change the cached prefix."""
+    if ATTENTION_KIND.get(model.config.arch) != "causal":
+        raise ValueError("extending a cached prompt is only exact for causal attention (claim D4)")
+    n = min(cache.length, prompt.size(1) - 1)  # keep at least one token to compute (we need its logits)
+    same = (cache.tokens[:, :n] == prompt[:, :n]).all(dim=0)
+    common = int(same.long().cumprod(0).sum()) if n > 0 else 0
+    cache.length = common  # entries past the common prefix are stale: overwrite them
+    new = prompt[:, common:]
+    return forward_with_cache(model, new, cache)[:, -1], new.size(1)
+
+
+# ----------------------------------------------------------------------------- claim D4's counter-demonstration
+
+@torch.no_grad()
+def bidirectional_cache_error(model, ids):
+    """Use a KV cache on a bidirectional model anyway: cache ids[:, :-1], append the last token attending to the
+    cached K/V, and compare with recomputing the whole sequence. Returns the max |logit difference| at the
+    appended position and the max change of the earlier positions' final hidden states (which a cache freezes).
+    For gpt both are ~0 (float rounding); for bert they are not: every earlier representation changes."""
+    was_training = model.training
+    model.eval()
+    cache = KVCache(model, ids.size(0), ids.size(1))
+    stale_hidden = model.run_stack(ids[:, :-1], cache=cache)
+    cached_logits = model.lm_head(model.run_stack(ids[:, -1:], cache=cache))[:, -1]
+    full_hidden = model.run_stack(ids)
+    full_logits = model.lm_head(full_hidden)[:, -1]
+    model.train(was_training)
+    return {"logit_difference": (cached_logits - full_logits).abs().max().item(),
+            "earlier_hidden_change": (stale_hidden - full_hidden[:, :-1]).abs().max().item()}
+
+
+# ----------------------------------------------------------------------------- sampling loop
+
+def sample_next(logits, temperature=1.0, top_k=None, generator=None, banned=None):
+    """(B, V) logits -> (B, 1) token ids. temperature 0 = greedy."""
+    logits = logits.float()
+    if banned is not None:
+        logits = logits.index_fill(-1, banned, float("-inf"))
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+
+
+@torch.no_grad()
+def generate(model, prompt, max_new_tokens, num_samples=1, temperature=1.0, top_k=None, use_cache=True,
+             generator=None, banned=None, encoder_inputs=None, encoder_lengths=None, start_token=None):
+    """Sample continuations. gpt / prefixlm: `prompt` (1, P) is the text so far. t5: `encoder_inputs` (1, S) is
+    the encoder's input and the decoder starts from `start_token`. Returns (num_samples, P + max_new_tokens) for
+    the single-stack archs, (num_samples, 1 + max_new_tokens) decoder tokens for t5.
+
+    With the cache: one prefill shared by all samples (prefix caching), then one position per step. Without:
+    the whole sequence (and t5's encoder) recomputed every step. When the sequence reaches block_size, both
+    paths slide the same way: keep the last block_size // 2 tokens and prefill them again (for prefixlm they
+    become the new prefix), so the two paths see identical contexts and must give identical logits."""
+    model.eval()
+    arch, block_size = model.config.arch, model.config.block_size
+    device = next(model.parameters()).device
+    if arch == "t5":
+        prompt = torch.full((1, 1), start_token, dtype=torch.long, device=device)
+    P = prompt.size(1)
+    sequence = torch.empty(num_samples, P + max_new_tokens, dtype=torch.long, device=device)  # preallocated
+    sequence[:, :P] = prompt
+    window_start, prefix_end = 0, P  # the context is sequence[window_start:]; prefixlm's prefix ends at prefix_end
+    if P > block_size:
+        raise ValueError(f"the prompt has {P} tokens, more than block_size={block_size}")
+
+    def full_logits(length):  # the reference: recompute everything in the current window
+        context = sequence[:, window_start:length]
+        if arch == "t5":
+            e = encoder_inputs.expand(num_samples, -1)
+            lengths = encoder_lengths.expand(num_samples) if encoder_lengths is not None else None
+            return model.lm_head(model.decode(context, model.encode(e, lengths), lengths))[:, -1]
+        prefix = None
+        if ATTENTION_KIND[arch] == "prefix":
+            prefix = torch.full((num_samples,), prefix_end - window_start, device=device)
+        return model.lm_head(model.run_stack(context, prefix_length=prefix))[:, -1]
+
+    def cached_prefill(length, rows):
+        # rows=1: the samples share the prompt, prefill it once and fork the cache (prefix caching);
+        # rows=num_samples: after a slide every sample has its own context
+        cache = KVCache(model, rows, block_size)
+        if arch == "t5":
+            lengths = encoder_lengths.expand(rows) if encoder_lengths is not None else None
+            logits = prefill(model, sequence[:rows, window_start:length], cache,
+                             encoder_inputs.expand(rows, -1), lengths)
+        else:
+            logits = prefill(model, sequence[:rows, window_start:length], cache)
+        if rows == 1:
+            return cache.fork(num_samples), logits.expand(num_samples, -1)
+        return cache, logits
+
+    if use_cache:
+        cache, logits = cached_prefill(P, rows=1)
+    else:
+        logits = full_logits(P)
+    for length in range(P, P + max_new_tokens):
+        token = sample_next(logits, temperature, top_k, generator, banned)  # (S, 1), stays on the device
+        sequence[:, length] = token[:, 0]
+        if length + 1 == P + max_new_tokens:
+            break
+        if length + 1 - window_start > block_size:  # the context is full: slide, the same way in both paths
+            window_start, prefix_end = length + 1 - block_size // 2, length + 1
+            if use_cache:
+                cache, logits = cached_prefill(length + 1, rows=num_samples)
+            else:
+                logits = full_logits(length + 1)
+        elif use_cache:
+            logits = forward_with_cache(model, token, cache)[:, -1]  # one position against the cache
+        else:
+            logits = full_logits(length + 1)
+    return sequence

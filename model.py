@@ -1,0 +1,332 @@
+"""
+One Transformer for every architecture in the debate (claims A1, A2).
+
+gpt, bert and prefixlm are literally the same modules: one stack of `Block`s. The only line that differs is
+ATTENTION_KIND below, the mask each query row gets. t5 is two stacks of the same `Block`, the decoder's blocks
+adding cross-attention to the encoder's output. Read leaf to root: norm, rotary positions, attention, MLP, block,
+config (with size presets), model.
+
+The one attention function (`Attention.forward`) serves self-attention, cross-attention and cached decoding;
+nothing else in the project calls scaled_dot_product_attention.
+"""
+import math
+from dataclasses import dataclass, asdict
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import masks
+
+IGNORE_INDEX = -100  # targets equal to this carry no loss (unsupervised positions)
+
+# The whole difference between the single-stack architectures (claim A1):
+ATTENTION_KIND = {"gpt": "causal", "bert": "bidirectional", "prefixlm": "prefix"}
+ARCHS = ("gpt", "bert", "prefixlm", "t5")  # t5: bidirectional encoder + causal decoder + cross-attention (A1, A2)
+POSITION_KINDS = ("learned", "rope", "none")  # "none" is NoPE (claim D5)
+
+
+class RotaryPositions(nn.Module):
+    """Rotary position embedding: rotate each (even, odd) pair of q/k features by an angle proportional to the
+    position, so q.k depends on the relative offset. No parameters."""
+
+    def __init__(self, head_size, max_length, base=10000.0):
+        super().__init__()
+        inverse_frequency = 1.0 / (base ** (torch.arange(0, head_size, 2).float() / head_size))
+        angles = torch.outer(torch.arange(max_length).float(), inverse_frequency)  # (T, hs/2)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x, start):
+        # x: (B, nh, T, hs); positions start .. start+T-1
+        T = x.size(2)
+        cos, sin = self.cos[start:start + T].to(x.dtype), self.sin[start:start + T].to(x.dtype)  # (T, hs/2)
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+class Attention(nn.Module):
+    """Multi-head attention. Queries come from `x`; keys and values from `context` (= x for self-attention,
+    the encoder output for cross-attention). An optional `cache` (see kvcache.py) stores K/V across calls."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.n_head, self.dropout = config.n_head, config.dropout
+        self.query = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.key_value = nn.Linear(config.n_embd, 2 * config.n_embd, bias=config.bias)
+        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.proj.residual_output = True  # scaled init, as GPT-2
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def split_heads(self, t):
+        B, T, C = t.shape
+        return t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+
+    def forward(self, x, context=None, attn_mask=None, is_causal=False, rotary=None, start=0, cache=None):
+        B, T, C = x.shape
+        q = self.split_heads(self.query(x))  # (B, nh, T, hs)
+        if cache is not None and cache.fixed:
+            # t5 cross-attention while decoding: the encoder output never changes, so its K/V were computed once
+            k, v = cache.keys, cache.values
+        else:
+            k, v = self.key_value(x if context is None else context).split(C, dim=2)
+            k, v = self.split_heads(k), self.split_heads(v)  # (B, nh, Tk, hs)
+            if rotary is not None:
+                q, k = rotary(q, start), rotary(k, start)
+            if cache is not None:
+                # claim D4: under a causal mask the K/V of position i depend only on tokens 0..i, so the cache
+                # keeps them and the new queries attend to [cached ; new]
+                k, v = cache.update(k, v)  # (B, nh, start+T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                           dropout_p=self.dropout if self.training else 0.0)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.fc = nn.Linear(config.n_embd, config.d_ff, bias=config.bias)
+        self.proj = nn.Linear(config.d_ff, config.n_embd, bias=config.bias)
+        self.proj.residual_output = True
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.proj(F.gelu(self.fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-norm Transformer block. With cross_attention=True (t5's decoder) it gains one more sub-layer that
+    reads the encoder output; that is the only new module encoder-decoder needs (claim A2)."""
+
+    def __init__(self, config, cross_attention=False):
+        super().__init__()
+        self.norm_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attention = Attention(config)
+        if cross_attention:
+            self.norm_cross = nn.LayerNorm(config.n_embd, bias=config.bias)
+            self.cross_attention = Attention(config)
+        self.norm_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x, attn_mask=None, is_causal=False, rotary=None, start=0, cache=None,
+                memory=None, cross_mask=None, cross_cache=None):
+        x = x + self.attention(self.norm_1(x), attn_mask=attn_mask, is_causal=is_causal,
+                               rotary=rotary, start=start, cache=cache)
+        if memory is not None or cross_cache is not None:
+            x = x + self.cross_attention(self.norm_cross(x), context=memory, attn_mask=cross_mask, cache=cross_cache)
+        return x + self.mlp(self.norm_2(x))
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "gpt"           # gpt | bert | prefixlm | t5
+    vocab_size: int = 50304
+    block_size: int = 1024      # longest sequence (the size of the position table)
+    n_layer: int = 12           # t5: layers of the encoder
+    n_decoder_layer: int = 0    # t5 only: layers of the decoder (0 = same as n_layer)
+    n_head: int = 12
+    n_embd: int = 768
+    d_ff: int = 0               # MLP hidden size (0 = 4 * n_embd)
+    dropout: float = 0.0
+    bias: bool = True           # biases in Linear and LayerNorm
+    position: str = "learned"   # learned | rope | none (NoPE, claim D5)
+
+    def __post_init__(self):
+        self.d_ff = self.d_ff or 4 * self.n_embd
+        if self.arch == "t5":
+            self.n_decoder_layer = self.n_decoder_layer or self.n_layer
+
+    def validate(self):
+        """Raise ValueError with a one-line, actionable message for a config that cannot be built."""
+        if self.arch not in ARCHS:
+            raise ValueError(f"unknown arch {self.arch!r}: choose one of {', '.join(ARCHS)}")
+        if self.position not in POSITION_KINDS:
+            raise ValueError(f"unknown position {self.position!r}: choose one of {', '.join(POSITION_KINDS)}")
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}: "
+                             f"pick n_embd a multiple of n_head")
+        if self.position == "rope" and (self.n_embd // self.n_head) % 2:
+            raise ValueError("rotary positions need an even head size (n_embd / n_head)")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+
+# Published sizes (parameter counts checked in tests/test_model.py against the reference implementations):
+PRESETS = {
+    # GPT-2 small: 124,439,808 parameters (HF GPT2LMHeadModel, tied embeddings)
+    "gpt2": dict(arch="gpt", vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768),
+    # BERT-base: 109,482,240 in HF BertModel ("110M"); ours lacks the segment embeddings and pooler
+    "bert-base": dict(arch="bert", vocab_size=30522, block_size=512, n_layer=12, n_head=12, n_embd=768),
+    # T5-small: 60,506,624 (HF T5Model, shared embeddings, no biases, relative positions: we use rotary, also
+    # parameter-free and relative)
+    "t5-small": dict(arch="t5", vocab_size=32128, block_size=512, n_layer=6, n_head=8, n_embd=512,
+                     d_ff=2048, bias=False, position="rope"),
+    # small presets for a CPU
+    "cpu-tiny": dict(n_layer=2, n_head=2, n_embd=64, block_size=64),
+    "cpu-small": dict(n_layer=4, n_head=4, n_embd=128, block_size=64),
+    "cpu-base": dict(n_layer=6, n_head=6, n_embd=384, block_size=256),
+}
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        config.validate()
+        self.config = config
+        self.token_embedding = nn.Embedding(config.vocab_size, config.n_embd)
+        if config.position == "learned":
+            self.position_embedding = nn.Embedding(config.block_size, config.n_embd)  # shared by both t5 stacks
+        self.rotary = (RotaryPositions(config.n_embd // config.n_head, config.block_size)
+                       if config.position == "rope" else None)
+        self.dropout = nn.Dropout(config.dropout)
+        # ---- the architecture switch: the only place where the four differ in modules ----
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))  # t5: the encoder
+        self.final_norm = nn.LayerNorm(config.n_embd, bias=config.bias)
+        if config.arch == "t5":
+            self.decoder_blocks = nn.ModuleList(Block(config, cross_attention=True)
+                                                for _ in range(config.n_decoder_layer))
+            self.decoder_norm = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.token_embedding.weight  # tied input/output embeddings
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            std = 0.02
+            if getattr(module, "residual_output", False):  # GPT-2: scale by depth of the residual stream
+                std = 0.02 / math.sqrt(2 * (self.config.n_layer + self.config.n_decoder_layer))
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def num_parameters(self, exclude_positions=False):
+        n = sum(p.numel() for p in self.parameters())  # parameters() yields the tied weight once
+        if exclude_positions and self.config.position == "learned":
+            n -= self.position_embedding.weight.numel()
+        return n
+
+    def embed(self, ids, start=0):
+        T = ids.size(1)
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of length {start + T} is longer than block_size={self.config.block_size}")
+        x = self.token_embedding(ids)  # (B, T, C)
+        if self.config.position == "learned":
+            x = x + self.position_embedding(torch.arange(start, start + T, device=ids.device))
+        return self.dropout(x)
+
+    def run_stack(self, ids, prefix_length=None, key_lengths=None, cache=None):
+        """gpt / bert / prefixlm: one stack, the mask picked by the arch. Returns the final hidden states."""
+        start = cache.length if cache is not None else 0
+        x = self.embed(ids, start)
+        T = ids.size(1)
+        attn_mask, is_causal = masks.attention_mask(ATTENTION_KIND[self.config.arch], T, start + T,
+                                                    prefix_length=prefix_length, key_lengths=key_lengths,
+                                                    device=ids.device)
+        for i, block in enumerate(self.blocks):
+            x = block(x, attn_mask, is_causal, self.rotary, start, cache.layer(i) if cache is not None else None)
+        if cache is not None:
+            cache.advance(ids, T)
+        return self.final_norm(x)
+
+    def encode(self, ids, key_lengths=None):
+        """t5's encoder: the same blocks, bidirectional (padding hidden when examples have different lengths)."""
+        x = self.embed(ids)
+        attn_mask, _ = masks.attention_mask("bidirectional", ids.size(1), key_lengths=key_lengths, device=ids.device)
+        for block in self.blocks:
+            x = block(x, attn_mask, False, self.rotary)
+        return self.final_norm(x)  # (B, T_enc, C), "memory"
+
+    def decode(self, ids, memory=None, key_lengths=None, cache=None):
+        """t5's decoder: causal self-attention plus cross-attention to the encoder output. While decoding with a
+        cache, `memory` may be None: cross-attention K/V were stored once in the cache."""
+        start = cache.length if cache is not None else 0
+        x = self.embed(ids, start)
+        T = ids.size(1)
+        attn_mask, is_causal = masks.attention_mask("causal", T, start + T, device=ids.device)
+        cross_mask = None
+        if key_lengths is not None and memory is not None:
+            cross_mask, _ = masks.attention_mask("bidirectional", T, memory.size(1), key_lengths=key_lengths,
+                                                 device=ids.device)
+        elif cache is not None:
+            cross_mask = cache.cross_mask
+        for i, block in enumerate(self.decoder_blocks):
+            x = block(x, attn_mask, is_causal, self.rotary, start,
+                      cache.layer(i) if cache is not None else None,
+                      memory=memory, cross_mask=cross_mask,
+                      cross_cache=cache.cross_layer(i) if cache is not None else None)
+        if cache is not None:
+            cache.advance(ids, T)
+        return self.decoder_norm(x)
+
+    def forward(self, inputs, targets=None, prefix_length=None, decoder_inputs=None, input_lengths=None,
+                loss_weights=None):
+        """Logits for every position (B, T, V) and, with targets, the mean loss over supervised positions.
+
+        inputs: (B, T) token ids (t5: the encoder's input). decoder_inputs: (B, T_dec), t5 only.
+        targets: aligned with the positions that produce logits, IGNORE_INDEX where there is no loss.
+        loss_weights: optional (B, T) per-position weights (masked diffusion's 1/t); the loss is then
+        sum(weight * cross-entropy) / number of positions, an ELBO rather than a mean (claim C4)."""
+        if self.config.arch == "t5":
+            memory = self.encode(inputs, input_lengths)
+            hidden = self.decode(decoder_inputs, memory, input_lengths)
+        else:
+            hidden = self.run_stack(inputs, prefix_length)
+        logits = self.lm_head(hidden)  # (B, T, V): every position, MLM needs them all
+        if targets is None:
+            return logits, None
+        return logits, self.loss(logits, targets, loss_weights)
+
+    @staticmethod
+    def loss(logits, targets, loss_weights=None):
+        flat_logits, flat_targets = logits.float().view(-1, logits.size(-1)), targets.reshape(-1)
+        if loss_weights is None:
+            return F.cross_entropy(flat_logits, flat_targets, ignore_index=IGNORE_INDEX)
+        per_position = F.cross_entropy(flat_logits, flat_targets, ignore_index=IGNORE_INDEX, reduction="none")
+        return (per_position * loss_weights.reshape(-1)).sum() / flat_targets.numel()
+
+    def training_flops(self, input_length, decoder_length=0):
+        """Forward + backward FLOPs for one example: 6 FLOPs per parameter per token that passes through it, plus
+        attention's 12 * layers * T_query * T_key * d (nanoGPT/PaLM accounting; the full score matrix is counted,
+        masked or not). t5's encoder tokens skip the output head; its decoder also attends to the encoder."""
+        c = self.config
+        block_params = sum(p.numel() for p in self.blocks.parameters())
+        head_params = c.vocab_size * c.n_embd
+        if c.arch != "t5":
+            return 6 * input_length * (block_params + head_params) + 12 * c.n_layer * input_length ** 2 * c.n_embd
+        decoder_params = sum(p.numel() for p in self.decoder_blocks.parameters())
+        return (6 * input_length * block_params + 12 * c.n_layer * input_length ** 2 * c.n_embd
+                + 6 * decoder_length * (decoder_params + head_params)
+                + 12 * c.n_decoder_layer * (decoder_length ** 2 + decoder_length * input_length) * c.n_embd)
+
+    def configure_optimizer(self, weight_decay, learning_rate, betas, device_type):
+        # decay matrices (2-D), not biases, norms; embeddings are 2-D and decayed, as nanoGPT does
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        extra = {"fused": True} if device_type in ("cuda", "cpu") else {}  # one kernel, not a loop over tensors
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)
+
+
+def config_from_preset(name, **overrides):
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}")
+    return ModelConfig(**{**PRESETS[name], **overrides})
+
+
+def describe(model):
+    c = model.config
+    stacks = f"{c.n_layer} encoder + {c.n_decoder_layer} decoder layers" if c.arch == "t5" else f"{c.n_layer} layers"
+    return f"{c.arch}: {stacks}, {c.n_head} heads, {c.n_embd} dims, {model.num_parameters() / 1e6:.2f}M parameters"
+
+
+if __name__ == "__main__":
+    for preset in ("gpt2", "bert-base", "t5-small"):
+        with torch.device("meta"):
+            print(f"{preset:10s} {describe(Transformer(config_from_preset(preset)))}")

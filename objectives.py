@@ -1,0 +1,282 @@
+"""
+Training objectives: each turns windows of token ids into a Batch (model inputs, targets with IGNORE_INDEX where
+there is no loss). Objectives know nothing about the model; the model knows nothing about objectives.
+
+    clm              next token, every position supervised                      gpt (claim C1: ~100% supervised)
+    mlm              BERT: 15% chosen, of those 80% [MASK] / 10% random / 10% kept  bert (C1: ~15%; C2, C3)
+    prefix_lm        random split, prefix bidirectional, loss on the suffix      prefixlm, t5
+    span_corruption  T5: spans of mean length 3 covering 15%, sentinels         t5, prefixlm (F1)
+    ul2              UL2's mixture of R / X / S denoisers with a mode token      t5, prefixlm (F2)
+    diffusion        masked diffusion: rate t ~ U(eps, 1), loss weighted 1/t     bert (C4: an ELBO)
+
+Every batch knows its `supervised_fraction`: positions that carry a loss / positions the model computes (C1).
+Windows arrive as (B, T+1) int64 tensors; clm uses all T+1 (input and shifted target), the others use as much
+of the window as fits in T input positions.
+"""
+from dataclasses import dataclass, fields
+from typing import Optional
+
+import torch
+
+from model import IGNORE_INDEX
+
+OBJECTIVES_FOR_ARCH = {  # first = default
+    "gpt": ("clm",),
+    "bert": ("mlm", "diffusion"),
+    "prefixlm": ("prefix_lm", "span_corruption", "ul2"),
+    "t5": ("span_corruption", "ul2", "prefix_lm"),
+}
+
+
+@dataclass
+class Specials:
+    """Special-token ids, read from the dataset's meta.pkl (defined once, in data/prepare_common.py)."""
+    num_ordinary: int   # ids below this are text; ids from here on are special tokens
+    pad: int
+    eos: int
+    mask: int
+    sentinels: list     # <S0>, <S1>, ... for span corruption
+    modes: dict         # UL2 mode tokens: {"R": [NLU], "X": [NLG], "S": [S2S]}
+
+    @classmethod
+    def from_meta(cls, meta):
+        s = meta["specials"]
+        sentinels = [s[f"<S{i}>"] for i in range(meta["num_sentinels"])]
+        return cls(meta["num_ordinary"], s["[PAD]"], s["[EOS]"], s["[MASK]"], sentinels,
+                   {"R": s["[NLU]"], "X": s["[NLG]"], "S": s["[S2S]"]})
+
+
+@dataclass
+class Batch:
+    inputs: torch.Tensor                          # (B, T) ids; t5: the encoder's input
+    targets: torch.Tensor                         # (B, T) or (B, T_dec) for t5; IGNORE_INDEX = no loss
+    prefix_length: Optional[torch.Tensor] = None  # (B,) prefixlm: bidirectional prefix per example
+    decoder_inputs: Optional[torch.Tensor] = None # (B, T_dec) t5: targets shifted right
+    input_lengths: Optional[torch.Tensor] = None  # (B,) t5: encoder inputs padded to a common length
+    loss_weights: Optional[torch.Tensor] = None   # (B, T) diffusion's 1/t
+
+    def model_inputs(self):
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def to(self, device):
+        return Batch(**{k: (v.to(device, non_blocking=True) if v is not None else None)
+                        for k, v in self.model_inputs().items()})
+
+    def supervised_positions(self):
+        return int((self.targets != IGNORE_INDEX).sum())
+
+    def processed_positions(self):
+        """Positions every stack computes (claim C1: unsupervised positions cost full compute too)."""
+        return self.inputs.numel() + (self.decoder_inputs.numel() if self.decoder_inputs is not None else 0)
+
+    def supervised_fraction(self):
+        return self.supervised_positions() / self.processed_positions()
+
+
+# ----------------------------------------------------------------------------- next token (gpt)
+
+def clm(windows):
+    """Causal LM: the target of position i is token i+1, every position supervised."""
+    return Batch(inputs=windows[:, :-1], targets=windows[:, 1:])
+
+
+# ----------------------------------------------------------------------------- BERT's masked LM
+
+def mlm(windows, specials, generator, rate=0.15, mask_fraction=0.8, random_fraction=0.1):
+    """BERT: choose round(rate * n) of the n non-special positions of each row (at least one); of those,
+    mask_fraction become [MASK], random_fraction a random text token, the rest stay unchanged (claim C2's patch).
+    Loss only on the chosen positions (claim C1), each predicted by its own softmax (claim C3)."""
+    x = windows[:, :-1]
+    B, T = x.shape
+    eligible = x < specials.num_ordinary  # special tokens are never chosen
+    scores = torch.rand(B, T, generator=generator).masked_fill(~eligible, 2.0)
+    rank = scores.argsort(dim=1).argsort(dim=1)  # rank of each position's score in its row
+    n_eligible = eligible.sum(dim=1, keepdim=True)
+    n_chosen = torch.where(n_eligible > 0, (rate * n_eligible).round().clamp(min=1), 0)
+    chosen = (rank < n_chosen) & eligible
+    kind = torch.rand(B, T, generator=generator)
+    to_mask = chosen & (kind < mask_fraction)
+    to_random = chosen & (kind >= mask_fraction) & (kind < mask_fraction + random_fraction)
+    random_tokens = torch.randint(0, specials.num_ordinary, (B, T), generator=generator)
+    inputs = torch.where(to_mask, specials.mask, torch.where(to_random, random_tokens, x))
+    targets = torch.where(chosen, x, IGNORE_INDEX)
+    return Batch(inputs=inputs, targets=targets)
+
+
+# ----------------------------------------------------------------------------- masked diffusion
+
+def diffusion(windows, specials, generator, eps=1e-3, rate=None):
+    """Masked diffusion (MDLM/LLaDA style): per sequence draw t ~ U(eps, 1), replace each text token by [MASK] with
+    probability t (no 80/10/10), and weight the cross-entropy of masked positions by 1/t, averaged over all
+    positions. In expectation that is the ELBO, an upper bound on -log p(x) (claim C4). `rate` fixes t (tests)."""
+    x = windows[:, :-1]
+    B, T = x.shape
+    t = torch.full((B, 1), float(rate)) if rate is not None else eps + (1 - eps) * torch.rand(B, 1, generator=generator)
+    masked = (torch.rand(B, T, generator=generator) < t) & (x < specials.num_ordinary)
+    return Batch(inputs=torch.where(masked, specials.mask, x), targets=torch.where(masked, x, IGNORE_INDEX),
+                 loss_weights=masked.float() / t)
+
+
+# ----------------------------------------------------------------------------- sequence-to-sequence layouts
+
+def seq2seq_batch(sources, targets, arch, specials):
+    """Lay out (source, target) pairs for either architecture that can read a source and write a target:
+    t5:       encoder <- source; decoder <- [PAD] + target[:-1] (T5 starts decoding from PAD); loss on target.
+    prefixlm: one sequence source + target[:-1], the source as the bidirectional prefix (claim A2: the same
+              pattern as t5, flattened into one stack); loss on the target positions only."""
+    B = len(sources)
+    if arch == "t5":
+        src_len = torch.tensor([len(s) for s in sources])
+        inputs = torch.full((B, int(src_len.max())), specials.pad)
+        dec_len = max(len(t) for t in targets)
+        decoder_inputs = torch.full((B, dec_len), specials.pad)
+        labels = torch.full((B, dec_len), IGNORE_INDEX)
+        for i, (s, t) in enumerate(zip(sources, targets)):
+            inputs[i, :len(s)] = s
+            decoder_inputs[i, 1:len(t)] = t[:-1]
+            labels[i, :len(t)] = t
+        padded = bool((src_len != src_len.max()).any())
+        return Batch(inputs=inputs, targets=labels, decoder_inputs=decoder_inputs,
+                     input_lengths=src_len if padded else None)
+    if arch == "prefixlm":
+        length = max(len(s) + len(t) - 1 for s, t in zip(sources, targets))
+        inputs = torch.full((B, length), specials.pad)
+        labels = torch.full((B, length), IGNORE_INDEX)
+        for i, (s, t) in enumerate(zip(sources, targets)):
+            n = len(s) + len(t) - 1
+            inputs[i, :n] = torch.cat([s, t[:-1]])
+            labels[i, len(s) - 1:n] = t  # the last source position predicts the first target token
+        # padding sits after every real token, and real tokens never attend forward past the prefix: harmless
+        return Batch(inputs=inputs, targets=labels, prefix_length=torch.tensor([len(s) for s in sources]))
+    raise ValueError(f"arch {arch!r} has no source/target layout")
+
+
+def prefix_lm(windows, generator, arch, specials):
+    """Prefix LM: a random split point P in [1, T-1] per example; the prefix is seen bidirectionally, the loss is
+    on the suffix only (predicting tokens P..T)."""
+    B, T = windows.shape[0], windows.shape[1] - 1
+    if T < 2:
+        raise ValueError("prefix_lm needs windows of at least 3 tokens")
+    split = torch.randint(1, T, (B,), generator=generator)
+    sources = [w[:p] for w, p in zip(windows, split.tolist())]
+    targets = [w[p:] for w, p in zip(windows, split.tolist())]
+    return seq2seq_batch(sources, targets, arch, specials)
+
+
+# ----------------------------------------------------------------------------- T5 span corruption
+
+def span_counts(length, noise_density=0.15, mean_span=3.0, max_spans=None):
+    """T5's counts: num_noise = round(L * density) within [1, L-1]; num_spans = max(1, round(num_noise / mean)).
+    The span count adapts (never an empty span): at most num_noise, num_nonnoise and the number of sentinels."""
+    if length < 2:
+        raise ValueError("span corruption needs at least 2 tokens")
+    num_noise = min(max(int(round(length * noise_density)), 1), length - 1)
+    num_spans = max(1, int(round(num_noise / mean_span)))
+    num_spans = min(num_spans, num_noise, length - num_noise, max_spans or num_spans)
+    return num_noise, num_spans
+
+
+def random_segmentation(num_items, num_segments, generator):
+    """A uniformly random split of num_items into num_segments non-empty, ordered parts (T5's _random_segmentation)."""
+    cuts = torch.randperm(num_items - 1, generator=generator)[:num_segments - 1].sort().values + 1
+    bounds = torch.cat([torch.tensor([0]), cuts, torch.tensor([num_items])])
+    return bounds.diff().tolist()
+
+
+def corrupt_spans(tokens, specials, generator, noise_density=0.15, mean_span=3.0):
+    """One sequence -> (source, target) with T5's algorithm: noise and non-noise lengths each a random
+    segmentation, the sequence starting with non-noise; span k replaced by sentinel <Sk>.
+        source: kept0 <S0> kept1 <S1> ... kept_{n-1} <S_{n-1}> EOS
+        target: <S0> span0 <S1> span1 ... <S_{n-1}> span_{n-1} EOS"""
+    L = len(tokens)
+    num_noise, num_spans = span_counts(L, noise_density, mean_span, len(specials.sentinels))
+    noise_lengths = random_segmentation(num_noise, num_spans, generator)
+    kept_lengths = random_segmentation(L - num_noise, num_spans, generator)
+    source, target, position = [], [], 0
+    for k, (kept, noise) in enumerate(zip(kept_lengths, noise_lengths)):
+        sentinel = torch.tensor([specials.sentinels[k]])
+        source += [tokens[position:position + kept], sentinel]
+        position += kept
+        target += [sentinel, tokens[position:position + noise]]
+        position += noise
+    eos = torch.tensor([specials.eos])
+    return torch.cat(source + [eos]), torch.cat(target + [eos])
+
+
+def seq2seq_lengths(length, noise_density, mean_span, max_spans):
+    num_noise, num_spans = span_counts(length, noise_density, mean_span, max_spans)
+    return length - num_noise + num_spans + 1, num_noise + num_spans + 1  # source, target (with EOS)
+
+
+def fitting_text_length(budget, arch, noise_density, mean_span, max_spans, extra_source_tokens=0):
+    """The longest text whose corrupted layout fits in `budget` input positions: t5 needs source <= budget and
+    target <= budget; prefixlm puts source + target - 1 in one sequence."""
+    for length in range(budget + 1, 1, -1):
+        source, target = seq2seq_lengths(length, noise_density, mean_span, max_spans)
+        source += extra_source_tokens
+        used = max(source, target) if arch == "t5" else source + target - 1
+        if used <= budget:
+            return length
+    raise ValueError(f"a block of {budget} positions is too short for this objective")
+
+
+def span_corruption(windows, specials, generator, arch, noise_density=0.15, mean_span=3.0):
+    T = windows.shape[1] - 1
+    L = fitting_text_length(T, arch, noise_density, mean_span, len(specials.sentinels))
+    pairs = [corrupt_spans(w[:L], specials, generator, noise_density, mean_span) for w in windows]
+    return seq2seq_batch([s for s, _ in pairs], [t for _, t in pairs], arch, specials)
+
+
+# ----------------------------------------------------------------------------- UL2: a mixture of denoisers
+
+UL2_DENOISERS = {  # name: (mode, mean span, noise density); S is prefix LM
+    "R-3": ("R", 3, 0.15), "R-8": ("R", 8, 0.15),                     # regular span corruption
+    "X-3": ("X", 3, 0.5), "X-8": ("X", 8, 0.5),                       # extreme: high rate ...
+    "X-64-0.15": ("X", 64, 0.15), "X-64-0.5": ("X", 64, 0.5),         # ... or long spans
+    "S": ("S", None, None),                                           # sequential: prefix LM
+}
+
+
+def ul2(windows, specials, generator, arch, mixture=(0.5, 0.25, 0.25)):
+    """UL2 (claim F2): each example draws a denoiser, S / R / X with the mixture's weights (a family's weight is
+    shared evenly by its members), and its source starts with the mode token ([S2S], [NLU], [NLG])."""
+    T = windows.shape[1] - 1
+    weights = {"S": mixture[0], "R": mixture[1], "X": mixture[2]}
+    names = list(UL2_DENOISERS)
+    family_size = {m: sum(1 for n in names if UL2_DENOISERS[n][0] == m) for m in weights}
+    probs = torch.tensor([weights[UL2_DENOISERS[n][0]] / family_size[UL2_DENOISERS[n][0]] for n in names])
+    choice = torch.multinomial(probs, len(windows), replacement=True, generator=generator)
+    sources, targets = [], []
+    for w, c in zip(windows, choice.tolist()):
+        mode, mean_span, density = UL2_DENOISERS[names[c]]
+        mode_token = torch.tensor([specials.modes[mode]])
+        if mode == "S":
+            L = T if arch == "prefixlm" else T + 1  # prefixlm: mode token + text - 1 <= T
+            split = int(torch.randint(1, L - 1, (1,), generator=generator)) if L > 2 else 1
+            source, target = w[:split], w[split:L]
+        else:
+            L = fitting_text_length(T, arch, density, mean_span, len(specials.sentinels), extra_source_tokens=1)
+            source, target = corrupt_spans(w[:L], specials, generator, density, mean_span)
+        sources.append(torch.cat([mode_token, source]))
+        targets.append(target)
+    return seq2seq_batch(sources, targets, arch, specials)
+
+
+# ----------------------------------------------------------------------------- the one switch
+
+def make_batch(objective, windows, specials, generator, arch, mlm_rate=0.15, noise_density=0.15, mean_span=3.0,
+               ul2_mixture=(0.5, 0.25, 0.25)):
+    if objective not in OBJECTIVES_FOR_ARCH.get(arch, ()):
+        allowed = ", ".join(OBJECTIVES_FOR_ARCH.get(arch, ()))
+        raise ValueError(f"objective {objective!r} does not fit arch {arch!r}: choose one of {allowed}")
+    if objective == "clm":
+        return clm(windows)
+    if objective == "mlm":
+        return mlm(windows, specials, generator, rate=mlm_rate)
+    if objective == "diffusion":
+        return diffusion(windows, specials, generator)
+    if objective == "prefix_lm":
+        return prefix_lm(windows, generator, arch, specials)
+    if objective == "span_corruption":
+        return span_corruption(windows, specials, generator, arch, noise_density, mean_span)
+    return ul2(windows, specials, generator, arch, ul2_mixture)

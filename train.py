@@ -1,0 +1,447 @@
+"""
+Train any of the four architectures with one command (one training loop for all):
+
+    python train.py --arch=bert                                  # defaults sized for one GPU
+    python train.py config/train_shakespeare_char_cpu.py --arch=t5   # nanoGPT's CPU recipe
+    python train.py --arch=gpt --init_from=resume                # continue exactly where it stopped
+    torchrun --standalone --nproc_per_node=2 train.py ...        # data parallel (gloo on CPU, NCCL on CUDA)
+
+Defaults are at the top; a config/*.py file and --key=value override them. Each log line reports the loss in the
+objective's own units, ms/iter, tokens/s, *supervised* tokens/s (claim C1) and MFU against the matmul rate this
+machine measured at start.
+"""
+import json
+import math
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+
+import numpy as np
+import torch
+
+import objectives
+from configurator import UserError, apply_overrides, run_main
+from model import ARCHS, ModelConfig, Transformer, PRESETS, describe
+
+# ----------------------------------------------------------------------------- defaults (one GPU)
+DEFAULTS = dict(
+    arch="gpt",                 # gpt | bert | prefixlm | t5
+    objective="",               # "" = the arch's natural one (clm, mlm, prefix_lm, span_corruption)
+    dataset="shakespeare_char",  # a folder of data/ holding train.bin, val.bin, meta.pkl
+    out_dir="",                 # "" = out-<arch>
+    init_from="scratch",        # scratch | resume (from out_dir/ckpt.pt)
+    preset="",                  # a model size from model.PRESETS (e.g. gpt2, bert-base, t5-small); "" = the keys below
+    # model
+    n_layer=6, n_decoder_layer=0, n_head=6, n_embd=384, block_size=256, dropout=0.2, bias=False,
+    position="learned",         # learned | rope | none (NoPE, claim D5)
+    # objective settings
+    mlm_rate=0.15, noise_density=0.15, mean_span=3.0, ul2_mixture=(0.5, 0.25, 0.25),
+    # optimisation
+    batch_size=64, gradient_accumulation_steps=1, max_iters=5000, max_flops=0.0,  # max_flops > 0: stop at this budget
+    learning_rate=1e-3, min_lr=1e-4, warmup_iters=100, lr_decay_iters=5000, decay_lr=True,
+    weight_decay=0.1, beta1=0.9, beta2=0.99, grad_clip=1.0,
+    # evaluation, logging, checkpoints
+    eval_interval=250, eval_iters=200, log_interval=10, eval_only=False, always_save_checkpoint=True,
+    # system
+    device="auto",              # auto | cpu | cuda | cuda:N | mps
+    dtype="auto",               # auto (bfloat16 on CUDA, else float32) | float32 | bfloat16 | float16
+    compile=False, seed=1337, quiet=False,
+)
+MODEL_KEYS = ("arch", "n_layer", "n_decoder_layer", "n_head", "n_embd", "block_size", "bias", "position")
+DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+
+
+# ----------------------------------------------------------------------------- configuration
+
+def resolve_config(argv):
+    config = apply_overrides(DEFAULTS, argv)
+    check_config(config)
+    return config
+
+
+def check_config(config):
+    if config["arch"] not in ARCHS:
+        raise UserError(f"unknown --arch={config['arch']}: choose one of {', '.join(ARCHS)}")
+    allowed = objectives.OBJECTIVES_FOR_ARCH[config["arch"]]
+    config["objective"] = config["objective"] or allowed[0]
+    if config["objective"] not in allowed:
+        raise UserError(f"--objective={config['objective']} does not fit --arch={config['arch']}: "
+                        f"choose one of {', '.join(allowed)}")
+    if config["preset"]:
+        if config["preset"] not in PRESETS:
+            raise UserError(f"unknown --preset={config['preset']}: choose one of {', '.join(PRESETS)}")
+        for key, value in PRESETS[config["preset"]].items():
+            if key in MODEL_KEYS and key != "arch":
+                config[key] = value
+    if config["init_from"] not in ("scratch", "resume"):
+        raise UserError(f"--init_from={config['init_from']} is not scratch or resume")
+    config["out_dir"] = config["out_dir"] or f"out-{config['arch']}"
+    for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval",
+                "block_size"):
+        if config[key] < 1:
+            raise UserError(f"--{key} must be at least 1, got {config[key]}")
+    for key in ("max_iters", "warmup_iters", "lr_decay_iters"):
+        if config[key] < 0:
+            raise UserError(f"--{key} must be at least 0, got {config[key]}")
+    if not 0 < config["mlm_rate"] < 1 or not 0 < config["noise_density"] < 1 or config["mean_span"] < 1:
+        raise UserError("need 0 < mlm_rate < 1, 0 < noise_density < 1 and mean_span >= 1")
+    if len(config["ul2_mixture"]) != 3 or min(config["ul2_mixture"]) < 0 or sum(config["ul2_mixture"]) <= 0:
+        raise UserError("--ul2_mixture must be three non-negative weights (S, R, X), e.g. (0.5,0.25,0.25)")
+    if config["learning_rate"] <= 0 or config["min_lr"] < 0:
+        raise UserError("--learning_rate must be > 0 and --min_lr >= 0")
+    if config["dtype"] not in ("auto", "float32", "bfloat16", "float16"):
+        raise UserError(f"unknown --dtype={config['dtype']}: auto, float32, bfloat16 or float16")
+    try:
+        model_config(config, vocab_size=1).validate()
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def model_config(config, vocab_size):
+    return ModelConfig(vocab_size=vocab_size, dropout=config["dropout"],
+                       d_ff=PRESETS.get(config["preset"], {}).get("d_ff", 0),
+                       **{k: config[k] for k in MODEL_KEYS})
+
+
+def pick_device(name):
+    if name == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        return "mps" if torch.backends.mps.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device={name} but CUDA is not available here: use --device=cpu (or auto)")
+    if name == "mps" and not torch.backends.mps.is_available():
+        raise UserError("--device=mps but MPS is not available here: use --device=cpu (or auto)")
+    if name != "cpu" and not name.startswith(("cuda", "mps")):
+        raise UserError(f"unknown --device={name}: auto, cpu, cuda, cuda:N or mps")
+    return name
+
+
+# ----------------------------------------------------------------------------- data
+
+def load_dataset(name, block_size, prepare_if_missing):
+    folder = os.path.join(DATA_DIR, name)
+    if not os.path.isdir(folder):
+        known = sorted(d for d in os.listdir(DATA_DIR) if os.path.isfile(os.path.join(DATA_DIR, d, "prepare.py")))
+        raise UserError(f"unknown --dataset={name}: choose one of {', '.join(known)} (folders of data/)")
+    meta_path = os.path.join(folder, "meta.pkl")
+    if not os.path.exists(meta_path) and prepare_if_missing:
+        print(f"dataset {name} is not prepared yet: running data/{name}/prepare.py")
+        if subprocess.run([sys.executable, os.path.join(folder, "prepare.py")]).returncode != 0:
+            raise UserError(f"preparing {name} failed (see above)")
+    if not os.path.exists(meta_path):
+        raise UserError(f"{meta_path} is missing: run python data/{name}/prepare.py first")
+    with open(meta_path, "rb") as f:
+        meta = pickle.load(f)
+    splits = {}
+    for split in ("train", "val"):
+        path = os.path.join(folder, f"{split}.bin")
+        if not os.path.exists(path):
+            raise UserError(f"{path} is missing: run python data/{name}/prepare.py again")
+        size = os.path.getsize(path)
+        if size % 2 or size // 2 < block_size + 2:
+            raise UserError(f"{path} is truncated or too short ({size} bytes) for block_size={block_size}: "
+                            f"run python data/{name}/prepare.py again")
+        splits[split] = path
+    return splits, meta
+
+
+def get_windows(path, batch_size, block_size, rng):
+    """batch_size random windows of block_size + 1 tokens: (B, T+1) int64. A fresh memmap each call, as nanoGPT."""
+    data = np.memmap(path, dtype=np.uint16, mode="r")
+    starts = rng.integers(0, len(data) - block_size - 1, size=batch_size)
+    return torch.from_numpy(np.stack([data[i:i + block_size + 1].astype(np.int64) for i in starts]))
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+def save_checkpoint(state, path):
+    """Atomic: write a temporary file, flush and fsync it, then rename it over the old one. A process killed
+    mid-save leaves the previous checkpoint intact."""
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path, device="cpu"):
+    if not os.path.exists(path):
+        raise UserError(f"no checkpoint at {path}: train first (python train.py ...) or fix --out_dir")
+    try:
+        return torch.load(path, map_location=device, weights_only=False)
+    except Exception as e:
+        raise UserError(f"{path} is not a readable checkpoint ({type(e).__name__}): delete it or retrain") from None
+
+
+def rng_state(data_rng, objective_rng):
+    return {"python": None, "numpy_data": data_rng.bit_generator.state, "objective": objective_rng.get_state(),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def restore_rng(state, data_rng, objective_rng):
+    data_rng.bit_generator.state = state["numpy_data"]
+    objective_rng.set_state(state["objective"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def check_resume(config, checkpoint, meta):
+    saved = checkpoint["config"]
+    for key in MODEL_KEYS:
+        if saved[key] != config[key]:
+            raise UserError(f"cannot resume: --{key}={config[key]} but the checkpoint in {config['out_dir']} has "
+                            f"{key}={saved[key]}; pass --{key}={saved[key]} (or a new --out_dir)")
+    if checkpoint["meta"]["vocab_size"] != meta["vocab_size"]:
+        raise UserError(f"cannot resume: dataset {config['dataset']} has vocabulary {meta['vocab_size']} but the "
+                        f"checkpoint's is {checkpoint['meta']['vocab_size']}; use the checkpoint's dataset")
+
+
+# ----------------------------------------------------------------------------- schedule and evaluation
+
+def learning_rate_at(it, config):
+    """Linear warmup, then cosine decay to min_lr at lr_decay_iters (nanoGPT)."""
+    if not config["decay_lr"]:
+        return config["learning_rate"]
+    if it < config["warmup_iters"]:
+        return config["learning_rate"] * (it + 1) / (config["warmup_iters"] + 1)
+    if it > config["lr_decay_iters"]:
+        return config["min_lr"]
+    ratio = (it - config["warmup_iters"]) / max(1, config["lr_decay_iters"] - config["warmup_iters"])
+    return config["min_lr"] + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (config["learning_rate"] - config["min_lr"])
+
+
+def batch_for(config, windows, specials, generator):
+    return objectives.make_batch(config["objective"], windows, specials, generator, config["arch"],
+                                 mlm_rate=config["mlm_rate"], noise_density=config["noise_density"],
+                                 mean_span=config["mean_span"], ul2_mixture=config["ul2_mixture"])
+
+
+@torch.no_grad()
+def estimate_loss(model, config, splits, specials, device, autocast):
+    """Mean loss over eval_iters batches per split, on the same windows and noise every time (fixed seeds), so
+    evaluations are comparable across iterations and architectures."""
+    model.eval()
+    result = {}
+    for split, path in splits.items():
+        data_rng = np.random.default_rng(config["seed"] + 10_000)
+        generator = torch.Generator().manual_seed(config["seed"] + 20_000)
+        losses = torch.zeros(config["eval_iters"])
+        for k in range(config["eval_iters"]):
+            windows = get_windows(path, config["batch_size"], config["block_size"], data_rng)
+            batch = batch_for(config, windows, specials, generator).to(device)
+            with autocast:
+                _, loss = model(**batch.model_inputs())
+            losses[k] = loss.item()
+        result[split] = losses.mean().item()
+    model.train()
+    return result
+
+
+# ----------------------------------------------------------------------------- the loop
+
+def train(config):
+    """Train with a resolved config (dict). Returns a summary dict; raises UserError on bad input."""
+    ddp = int(os.environ.get("RANK", -1)) != -1
+    rank, world_size = 0, 1
+    if ddp:
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        if config["gradient_accumulation_steps"] % world_size:
+            raise UserError(f"gradient_accumulation_steps={config['gradient_accumulation_steps']} is not divisible "
+                            f"by the {world_size} processes: make it a multiple of --nproc_per_node")
+    device = pick_device(config["device"])
+    if ddp and device.startswith("cuda"):
+        device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+    master = rank == 0
+    log = print if master and not config["quiet"] else (lambda *a, **k: None)
+
+    splits, meta = load_dataset(config["dataset"], config["block_size"], prepare_if_missing=master)
+    specials = objectives.Specials.from_meta(meta)
+    out_dir = config["out_dir"]
+    checkpoint = None
+    if config["init_from"] == "resume":
+        checkpoint = load_checkpoint(os.path.join(out_dir, "ckpt.pt"))
+        check_resume(config, checkpoint, meta)
+
+    device_type = "cuda" if device.startswith("cuda") else device
+    dtype = config["dtype"]
+    if dtype == "auto":
+        dtype = "bfloat16" if device_type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    autocast = (torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
+                if dtype != "float32" and device_type == "cuda" else nullcontext())
+
+    torch.manual_seed(config["seed"])  # the same initial weights on every process
+    data_rng = np.random.default_rng(config["seed"] + rank)  # different windows per process
+    objective_rng = torch.Generator().manual_seed(config["seed"] + 1 + rank)
+    model = Transformer(model_config(config, meta["vocab_size"])).to(device)
+    optimizer = model.configure_optimizer(config["weight_decay"], config["learning_rate"],
+                                          (config["beta1"], config["beta2"]), device_type)
+    iter_num, best_val_loss, flops_done = 0, float("inf"), 0.0
+    if checkpoint is not None:
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
+        flops_done = checkpoint.get("flops_done", 0.0)
+        restore_rng(checkpoint["rng"][rank] if isinstance(checkpoint["rng"], list) else checkpoint["rng"],
+                    data_rng, objective_rng)
+        checkpoint = None  # free memory
+    scaler = torch.amp.GradScaler(enabled=(dtype == "float16"))
+    raw_model = model
+    if config["compile"]:
+        model = torch.compile(model)
+    if ddp:
+        from torch.nn.parallel import DistributedDataParallel
+        model = DistributedDataParallel(model, device_ids=[int(os.environ["LOCAL_RANK"])]
+                                        if device_type == "cuda" else None)
+
+    from bench import matmul_flops_per_second  # measured, not a datasheet number
+    peak_flops = matmul_flops_per_second(device, torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+    log(f"{describe(raw_model)}; objective {config['objective']}; device {device} ({dtype}); "
+        f"measured matmul peak {peak_flops / 1e12:.3f} TFLOP/s")
+    if master:
+        os.makedirs(out_dir, exist_ok=True)
+    log_file = open(os.path.join(out_dir, "log.jsonl"), "a") if master else None
+
+    interrupted = []
+    previous_handler = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
+
+    def checkpoint_state():
+        return {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "config": config,
+                "model_config": asdict(raw_model.config), "meta": meta, "iter_num": iter_num,
+                "best_val_loss": best_val_loss, "flops_done": flops_done,
+                "rng": rng_state(data_rng, objective_rng)}
+
+    pending_losses = []  # (iteration, loss tensor): read back only at log/save time, to avoid a sync per step
+
+    def check_losses():
+        if not pending_losses:
+            return
+        values = torch.stack([loss for _, loss in pending_losses]).tolist()
+        for (it, _), value in zip(pending_losses, values):
+            if not math.isfinite(value):
+                last = os.path.join(out_dir, "ckpt.pt")
+                last = last if os.path.exists(last) else "none written yet"
+                raise TrainingDiverged(f"loss became {value} at iteration {it}; stopped without saving. "
+                                       f"Last good checkpoint: {last} (lower --learning_rate and resume)")
+            if log_file:
+                log_file.write(json.dumps({"iter": it, "loss": value}) + "\n")
+        pending_losses.clear()
+
+    def save(val_loss=None):
+        check_losses()
+        if not master:
+            return
+        save_checkpoint(checkpoint_state(), os.path.join(out_dir, "ckpt.pt"))
+        if val_loss is not None and val_loss <= best_val_loss:
+            save_checkpoint(checkpoint_state(), os.path.join(out_dir, "best.pt"))
+
+    tokens_seen = supervised_seen = 0
+    last_losses = {}
+    t0, timed_iters = time.perf_counter(), 0
+    try:
+        while True:
+            done = iter_num >= config["max_iters"] or (config["max_flops"] and flops_done >= config["max_flops"])
+            if master and (iter_num % config["eval_interval"] == 0 or done):
+                losses = estimate_loss(model, config, splits, specials, device, autocast)
+                last_losses = losses
+                if not all(math.isfinite(v) for v in losses.values()):
+                    raise TrainingDiverged(f"validation loss is {losses['val']} at iteration {iter_num}; "
+                                           f"stopped without saving")
+                log(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
+                log_file.write(json.dumps({"iter": iter_num, "train_loss": losses["train"],
+                                           "val_loss": losses["val"]}) + "\n")
+                improved = losses["val"] < best_val_loss
+                best_val_loss = min(best_val_loss, losses["val"])
+                if iter_num > 0 and not config["eval_only"] and (improved or config["always_save_checkpoint"]
+                                                                  or done):
+                    save(losses["val"])
+                t0, timed_iters = time.perf_counter(), 0  # evaluation and saving are not training time
+            if done or config["eval_only"]:
+                break
+
+            lr = learning_rate_at(iter_num, config)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            steps = config["gradient_accumulation_steps"] // world_size
+            step_tokens = step_supervised = step_flops = 0
+            for micro_step in range(steps):
+                windows = get_windows(splits["train"], config["batch_size"], config["block_size"], data_rng)
+                batch = batch_for(config, windows, specials, objective_rng)
+                step_tokens += batch.processed_positions()
+                step_supervised += batch.supervised_positions()
+                dec_len = batch.decoder_inputs.size(1) if batch.decoder_inputs is not None else 0
+                step_flops += batch.inputs.size(0) * raw_model.training_flops(batch.inputs.size(1), dec_len)
+                batch = batch.to(device)
+                if ddp:
+                    model.require_backward_grad_sync = micro_step == steps - 1
+                with autocast:
+                    _, loss = model(**batch.model_inputs())
+                    loss = loss / steps
+                scaler.scale(loss).backward()
+            if config["grad_clip"] > 0:
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config["grad_clip"])
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            pending_losses.append((iter_num, loss.detach() * steps))
+            flops_done += step_flops * world_size
+            tokens_seen += step_tokens * world_size
+            supervised_seen += step_supervised * world_size
+            timed_iters += 1
+
+            if iter_num % config["log_interval"] == 0 or interrupted:
+                loss_value = pending_losses[-1][1].item()  # one sync per log line
+                check_losses()
+                t1 = time.perf_counter()
+                dt = (t1 - t0) / timed_iters  # mean over the iterations since the last log line
+                t0, timed_iters = t1, 0
+                log(f"iter {iter_num}: loss {loss_value:.4f}, {dt * 1000:.1f} ms/iter, "
+                    f"{step_tokens * world_size / dt:,.0f} tok/s, {step_supervised * world_size / dt:,.0f} "
+                    f"supervised tok/s, mfu {100 * step_flops / dt / peak_flops:.1f}%")
+            iter_num += 1
+            if interrupted:
+                save()
+                log(f"interrupted: saved {os.path.join(out_dir, 'ckpt.pt')} at iteration {iter_num}; resume with "
+                    f"the same command plus --init_from=resume")
+                break
+        check_losses()
+    finally:
+        signal.signal(signal.SIGINT, previous_handler)
+        if log_file:
+            log_file.close()
+    return {"model": raw_model, "iter_num": iter_num, "val_loss": last_losses.get("val"),
+            "train_loss": last_losses.get("train"), "flops": flops_done, "tokens_seen": tokens_seen,
+            "supervised_seen": supervised_seen, "interrupted": bool(interrupted), "meta": meta}
+
+
+class TrainingDiverged(Exception):
+    pass
+
+
+def main():
+    config = resolve_config(sys.argv[1:])
+    ddp = int(os.environ.get("RANK", -1)) != -1
+    if ddp:
+        from torch.distributed import init_process_group, destroy_process_group
+        init_process_group(backend="nccl" if torch.cuda.is_available() and config["device"] != "cpu" else "gloo")
+    try:
+        train(config)
+    except TrainingDiverged as e:
+        print(f"train.py: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        if ddp:
+            destroy_process_group()
+
+
+if __name__ == "__main__":
+    run_main(main)
