@@ -28,6 +28,7 @@ def median_time(fn, device, repeats=5, warmup=2):
 def matmul_flops_per_second(device, dtype=torch.float32, size=None, repeats=5):
     """The machine's measured dense matmul rate: the ceiling MFU is reported against."""
     size = size or (8192 if str(device).startswith("cuda") else 2048)
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
+    generator = torch.Generator(device=device).manual_seed(0)  # private: never disturb the global RNG
+    a = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
+    b = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
     return 2 * size ** 3 / median_time(lambda: a @ b, device, repeats=repeats)

@@ -125,28 +125,33 @@ def pick_device(name):
 # ----------------------------------------------------------------------------- data
 
 def load_dataset(name, block_size, prepare_if_missing):
-    folder = os.path.join(DATA_DIR, name)
+    """name: a folder of data/ (prepared on first use) or a path to any folder with train.bin, val.bin, meta.pkl."""
+    folder = name if os.sep in name else os.path.join(DATA_DIR, name)
     if not os.path.isdir(folder):
         known = sorted(d for d in os.listdir(DATA_DIR) if os.path.isfile(os.path.join(DATA_DIR, d, "prepare.py")))
         raise UserError(f"unknown --dataset={name}: choose one of {', '.join(known)} (folders of data/)")
     meta_path = os.path.join(folder, "meta.pkl")
-    if not os.path.exists(meta_path) and prepare_if_missing:
+    prepare_script = os.path.join(folder, "prepare.py")
+    if not os.path.exists(meta_path) and prepare_if_missing and os.path.exists(prepare_script):
         print(f"dataset {name} is not prepared yet: running data/{name}/prepare.py")
-        if subprocess.run([sys.executable, os.path.join(folder, "prepare.py")]).returncode != 0:
+        if subprocess.run([sys.executable, prepare_script]).returncode != 0:
             raise UserError(f"preparing {name} failed (see above)")
     if not os.path.exists(meta_path):
-        raise UserError(f"{meta_path} is missing: run python data/{name}/prepare.py first")
-    with open(meta_path, "rb") as f:
-        meta = pickle.load(f)
+        raise UserError(f"{meta_path} is missing: prepare the dataset first (python data/<name>/prepare.py)")
+    try:
+        with open(meta_path, "rb") as f:
+            meta = pickle.load(f)
+    except Exception as e:
+        raise UserError(f"{meta_path} is unreadable ({type(e).__name__}): prepare the dataset again") from None
     splits = {}
     for split in ("train", "val"):
         path = os.path.join(folder, f"{split}.bin")
         if not os.path.exists(path):
-            raise UserError(f"{path} is missing: run python data/{name}/prepare.py again")
+            raise UserError(f"{path} is missing: prepare the dataset again (python data/<name>/prepare.py)")
         size = os.path.getsize(path)
         if size % 2 or size // 2 < block_size + 2:
             raise UserError(f"{path} is truncated or too short ({size} bytes) for block_size={block_size}: "
-                            f"run python data/{name}/prepare.py again")
+                            f"prepare the dataset again (python data/<name>/prepare.py)")
         splits[split] = path
     return splits, meta
 

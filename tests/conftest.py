@@ -1,0 +1,66 @@
+"""Shared fixtures: a small char-level dataset prepared with the project's own prepare script, tiny configs."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+SHARED_TEXT = os.path.join(ROOT, "..", "shared", "data", "tinyshakespeare", "input.txt")
+
+
+def load_prepare(name):
+    spec = importlib.util.spec_from_file_location(f"prepare_{name}", os.path.join(ROOT, "data", name, "prepare.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def char_dataset(tmp_path_factory):
+    """Char-level Tiny Shakespeare (its first 200k characters) or, without ../shared, made-up text."""
+    folder = tmp_path_factory.mktemp("shakespeare_char")
+    source = folder / "source.txt"
+    if os.path.exists(SHARED_TEXT):
+        text = open(SHARED_TEXT, encoding="utf-8").read()[:200_000]
+    else:
+        words = "the king and queen of england speak to their people about war and peace".split()
+        g = torch.Generator().manual_seed(0)
+        text = "\n".join(" ".join(words[i] for i in torch.randint(0, len(words), (12,), generator=g).tolist())
+                         for _ in range(15_000))
+    source.write_text(text, encoding="utf-8")
+    load_prepare("shakespeare_char").prepare(str(source), str(folder))
+    return str(folder)
+
+
+@pytest.fixture(scope="session")
+def meta(char_dataset):
+    import pickle
+    with open(os.path.join(char_dataset, "meta.pkl"), "rb") as f:
+        return pickle.load(f)
+
+
+@pytest.fixture(scope="session")
+def specials(meta):
+    from objectives import Specials
+    return Specials.from_meta(meta)
+
+
+def tiny_args(dataset, out_dir, arch="gpt", **overrides):
+    """A few-second training run on CPU."""
+    args = dict(arch=arch, dataset=dataset, out_dir=out_dir, device="cpu", n_layer=2, n_head=2, n_embd=32,
+                block_size=32, batch_size=8, dropout=0.0, max_iters=30, lr_decay_iters=30, warmup_iters=5,
+                eval_interval=10, eval_iters=2, log_interval=5, learning_rate=3e-3, quiet=True)
+    args.update(overrides)
+    return [f"--{k}={v}" for k, v in args.items()]
+
+
+def run_script(script, *args, timeout=300, env=None):
+    """Run one of the project's scripts as a user would; returns CompletedProcess."""
+    return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=env)

@@ -1,0 +1,184 @@
+"""Objectives: BERT's 15% / 80 / 10 / 10, T5's span corruption exactly, CLM's shift, prefix LM; and property tests
+over random lengths, rates and seeds (claims C1, C2, F1)."""
+import random
+
+import pytest
+import torch
+
+import objectives as O
+from model import IGNORE_INDEX
+
+
+def windows_of(n_rows, T, specials, seed=0, with_specials=False):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randint(0, specials.num_ordinary, (n_rows, T + 1), generator=g)
+    if with_specials:  # sprinkle special tokens that must never be corrupted
+        where = torch.rand(n_rows, T + 1, generator=g) < 0.05
+        w[where] = specials.eos
+    return w
+
+
+def test_clm_targets_are_inputs_shifted_by_one(specials):
+    w = windows_of(3, 16, specials)
+    b = O.clm(w)
+    assert torch.equal(b.targets[:, :-1], b.inputs[:, 1:]) and torch.equal(b.targets[:, -1], w[:, -1])
+    assert b.supervised_fraction() == 1.0
+
+
+def test_mlm_proportions_on_a_million_tokens(specials):
+    w = windows_of(4000, 250, specials, with_specials=True)  # 10^6 positions
+    g = torch.Generator().manual_seed(1)
+    b = O.mlm(w, specials, g)
+    x = w[:, :-1]
+    eligible = x < specials.num_ordinary
+    chosen = b.targets != IGNORE_INDEX
+    assert not (chosen & ~eligible).any(), "special tokens are never chosen"
+    assert torch.equal(b.inputs[~eligible], x[~eligible])
+    rate = chosen.sum().item() / eligible.sum().item()
+    masked = (b.inputs == specials.mask) & chosen
+    unchanged = (b.inputs == x) & chosen
+    random_ = chosen & ~masked & ~unchanged
+    n = chosen.sum().item()
+    assert abs(rate - 0.15) < 0.005
+    assert abs(masked.sum().item() / n - 0.80) < 0.005
+    # a random replacement can draw the original token (1 in 65 here): count those among "unchanged"
+    p_same = 1 / specials.num_ordinary
+    assert abs(random_.sum().item() / n - 0.10 * (1 - p_same)) < 0.005
+    assert abs(unchanged.sum().item() / n - (0.10 + 0.10 * p_same)) < 0.005
+    assert torch.equal(b.targets[chosen], x[chosen])
+
+
+def test_mlm_rate_and_split_are_configurable(specials):
+    w = windows_of(500, 200, specials)
+    b = O.mlm(w, specials, torch.Generator().manual_seed(0), rate=0.4, mask_fraction=1.0, random_fraction=0.0)
+    chosen = b.targets != IGNORE_INDEX
+    assert abs(chosen.float().mean().item() - 0.4) < 0.005
+    assert (b.inputs[chosen] == specials.mask).all()
+
+
+def test_span_counts_follow_t5s_formulas():
+    for L in range(2, 600):
+        num_noise, num_spans = O.span_counts(L)
+        expected_noise = min(max(round(L * 0.15), 1), L - 1)
+        assert num_noise == expected_noise
+        assert num_spans == min(max(1, round(expected_noise / 3)), expected_noise, L - expected_noise)
+
+
+def reconstruct(source, target, specials):
+    """Put the spans back: each sentinel in the source is replaced by the tokens after it in the target."""
+    spans, current = {}, None
+    for t in target.tolist():
+        if t in specials.sentinels:
+            current = t
+            spans[current] = []
+        elif t != specials.eos:
+            spans[current].append(t)
+    out = []
+    for t in source.tolist():
+        if t in spans:
+            out += spans[t]
+        elif t != specials.eos:
+            out.append(t)
+    return out
+
+
+def test_span_corruption_counts_sentinels_and_reconstruction(specials):
+    g = torch.Generator().manual_seed(0)
+    for L in [2, 3, 5, 10, 20, 33, 64, 100, 255, 256]:
+        for _ in range(5):
+            tokens = torch.randint(0, specials.num_ordinary, (L,), generator=g)
+            source, target = O.corrupt_spans(tokens, specials, g)
+            num_noise, num_spans = O.span_counts(L)
+            assert len(source) == L - num_noise + num_spans + 1 and len(target) == num_noise + num_spans + 1
+            assert source[-1] == specials.eos and target[-1] == specials.eos
+            sentinels_in_source = [t for t in source.tolist() if t in specials.sentinels]
+            assert sentinels_in_source == specials.sentinels[:num_spans]  # numbered in order
+            assert [t for t in target.tolist() if t in specials.sentinels] == specials.sentinels[:num_spans]
+            assert target[0] == specials.sentinels[0] and source[0] != specials.sentinels[0]  # starts non-noise
+            assert reconstruct(source, target, specials) == tokens.tolist()
+
+
+def test_span_corruption_mean_span_length(specials):
+    g = torch.Generator().manual_seed(0)
+    lengths = []
+    for _ in range(200):
+        source, target = O.corrupt_spans(torch.randint(0, 60, (200,), generator=g), specials, g)
+        n_spans = sum(1 for t in target.tolist() if t in specials.sentinels)
+        lengths.append((len(target) - 1 - n_spans) / n_spans)
+    assert abs(sum(lengths) / len(lengths) - 3.0) < 0.1
+
+
+@pytest.mark.parametrize("arch", ["t5", "prefixlm"])
+def test_span_corruption_batches_fit_the_block(specials, arch):
+    T = 64
+    b = O.span_corruption(windows_of(4, T, specials), specials, torch.Generator().manual_seed(0), arch)
+    assert b.inputs.size(1) <= T and b.targets.size(1) <= T
+    if arch == "t5":
+        assert torch.equal(b.decoder_inputs[:, 1:], b.targets[:, :-1]) and (b.decoder_inputs[:, 0] == specials.pad).all()
+    else:
+        assert b.prefix_length is not None and b.decoder_inputs is None
+
+
+def test_prefix_lm_supervises_the_suffix_only(specials):
+    T = 32
+    w = windows_of(64, T, specials)
+    b = O.prefix_lm(w, torch.Generator().manual_seed(0), "prefixlm", specials)
+    assert b.inputs.shape == (64, T) and torch.equal(b.inputs, w[:, :-1])
+    P = b.prefix_length
+    assert P.min() >= 1 and P.max() <= T - 1
+    for row in range(64):
+        supervised = (b.targets[row] != IGNORE_INDEX).nonzero().flatten()
+        assert supervised.tolist() == list(range(P[row] - 1, T))
+        assert torch.equal(b.targets[row, P[row] - 1:], w[row, P[row]:])
+    t5 = O.prefix_lm(w, torch.Generator().manual_seed(0), "t5", specials)
+    for row in range(64):  # t5: prefix to the encoder, suffix from the decoder; together the window
+        source = t5.inputs[row, :t5.input_lengths[row]] if t5.input_lengths is not None else t5.inputs[row]
+        target = t5.targets[row][t5.targets[row] != IGNORE_INDEX]
+        assert torch.equal(torch.cat([source, target]), w[row])
+
+
+def test_supervised_fraction_per_objective(specials):  # claim C1 on a 100-token window
+    w = windows_of(8, 100, specials)
+    g = torch.Generator().manual_seed(0)
+    assert O.clm(w).supervised_fraction() == 1.0
+    assert abs(O.mlm(w, specials, g).supervised_fraction() - 0.15) < 1e-9
+    b = O.span_corruption(w, specials, g, "t5")  # L=101 fits: 15 noise tokens in 5 spans
+    num_noise, num_spans = O.span_counts(101)
+    source, target = 101 - num_noise + num_spans + 1, num_noise + num_spans + 1
+    assert b.supervised_fraction() == pytest.approx(target / (source + target))
+
+
+# ----------------------------------------------------------------------------- property tests
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_objective_on_random_lengths_rates_and_seeds(specials, seed):
+    rng = random.Random(seed)
+    for _ in range(8):
+        T = rng.randint(2, 96)
+        w = windows_of(rng.randint(1, 5), T, specials, seed=rng.randint(0, 10 ** 6), with_specials=True)
+        g = torch.Generator().manual_seed(rng.randint(0, 10 ** 6))
+        rate = rng.uniform(0.05, 0.9)
+        for arch, names in O.OBJECTIVES_FOR_ARCH.items():
+            for name in names:
+                if name == "prefix_lm" and T < 2:
+                    continue
+                b = O.make_batch(name, w, specials, g, arch, mlm_rate=rate, noise_density=min(rate, 0.5),
+                                 mean_span=rng.choice([1.0, 3.0, 8.0]))
+                assert b.inputs.size(0) == w.size(0)
+                assert b.inputs.size(1) <= T and b.targets.size(1) <= T
+                assert b.supervised_positions() >= 1
+                ids = b.targets[b.targets != IGNORE_INDEX]
+                assert (ids >= 0).all() and (ids < specials.num_ordinary + 106).all()
+                if arch == "t5":
+                    assert b.decoder_inputs.shape == b.targets.shape
+                else:
+                    assert b.targets.shape == b.inputs.shape
+                if name in ("mlm", "diffusion"):  # specials stay where they were
+                    special = w[:, :-1] >= specials.num_ordinary
+                    assert torch.equal(b.inputs[special], w[:, :-1][special])
+                    assert (b.targets[special] == IGNORE_INDEX).all()
+
+
+def test_wrong_objective_for_arch_is_refused(specials):
+    with pytest.raises(ValueError, match="does not fit"):
+        O.make_batch("mlm", windows_of(2, 8, specials), specials, torch.Generator(), "gpt")

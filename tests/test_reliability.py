@@ -1,0 +1,133 @@
+"""Exact resume, atomic checkpoints, Ctrl-C, non-finite losses, determinism, and data parallel training."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import train
+from conftest import ROOT, run_script, tiny_args
+
+
+def iteration_losses(out_dir):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [(r["iter"], r["loss"]) for r in map(json.loads, f) if "loss" in r]
+
+
+def run(dataset, out_dir, **overrides):
+    # bert with dropout: the data sampler, the objective's noise and dropout's RNG all have to resume exactly
+    args = dict(arch="bert", dropout=0.1, max_iters=24, lr_decay_iters=24, eval_interval=6, log_interval=5)
+    args.update(overrides)
+    return train.train(train.resolve_config(tiny_args(dataset, out_dir, **args)))
+
+
+def test_resume_is_bit_identical(char_dataset, tmp_path):
+    straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
+    run(char_dataset, straight)
+    run(char_dataset, split, max_iters=12)
+    run(char_dataset, split, init_from="resume")
+    a, b = iteration_losses(straight), iteration_losses(split)
+    assert [i for i, _ in a] == list(range(24)) and a == b  # float equality, every iteration
+
+
+def test_same_seed_same_losses_other_seed_other_losses(char_dataset, tmp_path):
+    run(char_dataset, str(tmp_path / "a"), max_iters=8)
+    run(char_dataset, str(tmp_path / "b"), max_iters=8)
+    run(char_dataset, str(tmp_path / "c"), max_iters=8, seed=7)
+    a, b, c = (iteration_losses(str(tmp_path / x)) for x in "abc")
+    assert a == b and a != c
+
+
+def test_checkpoints_keep_latest_and_best(char_dataset, tmp_path):
+    out = str(tmp_path / "o")
+    run(char_dataset, out, max_iters=12)
+    latest = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)
+    best = torch.load(os.path.join(out, "best.pt"), weights_only=False)
+    assert latest["iter_num"] == 12 and best["best_val_loss"] <= latest["best_val_loss"] + 1e-12
+    for key in ("model", "optimizer", "config", "meta", "rng", "iter_num", "best_val_loss"):
+        assert key in latest
+    assert set(latest["rng"]) >= {"numpy_data", "objective", "torch", "cuda"}
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = str(tmp_path / "ckpt.pt")
+    train.save_checkpoint({"iter_num": 1, "weights": torch.ones(10)}, path)
+
+    def broken_save(obj, f):  # writes half a file, then the process "dies"
+        f.write(b"\x80\x02partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(KeyboardInterrupt):
+        train.save_checkpoint({"iter_num": 2}, path)
+    monkeypatch.undo()
+    assert train.load_checkpoint(path)["iter_num"] == 1
+
+
+def test_a_process_killed_while_saving_leaves_a_loadable_checkpoint(tmp_path):
+    path = str(tmp_path / "ckpt.pt")
+    train.save_checkpoint({"iter_num": 1}, path)
+    script = (f"import sys; sys.path.insert(0, {ROOT!r}); import torch, train\n"
+              f"print('saving', flush=True)\n"
+              f"train.save_checkpoint({{'iter_num': 2, 'weights': torch.randn(40_000_000)}}, {path!r})\n")
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "saving"
+    time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)  # wherever it is: before, during or after the write
+    process.wait()
+    assert train.load_checkpoint(path)["iter_num"] in (1, 2)
+
+
+def test_ctrl_c_saves_and_exits_zero_then_resume_continues(char_dataset, tmp_path):
+    out = str(tmp_path / "o")
+    args = tiny_args(char_dataset, out, max_iters=100000, lr_decay_iters=100000, eval_interval=100000,
+                     log_interval=1, quiet=False)
+    process = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    for line in process.stdout:
+        if line.startswith("iter 20"):
+            break
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+    assert "interrupted" in stdout and "--init_from=resume" in stdout and "Traceback" not in stderr
+    saved = train.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"]
+    assert saved > 20
+    result = run_script("train.py", *tiny_args(char_dataset, out, init_from="resume", max_iters=saved + 5,
+                                               lr_decay_iters=100000, eval_interval=100000))
+    assert result.returncode == 0, result.stderr
+    assert train.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"] == saved + 5
+
+
+def test_non_finite_loss_stops_without_writing(char_dataset, tmp_path):
+    out = str(tmp_path / "o")
+    result = run_script("train.py", *tiny_args(char_dataset, out, learning_rate=1e30, log_interval=1))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert "at iteration" in result.stderr and "Last good checkpoint" in result.stderr
+    assert not os.path.exists(os.path.join(out, "ckpt.pt"))
+
+
+def test_two_process_data_parallel_run(char_dataset, tmp_path):
+    out = str(tmp_path / "ddp")
+    args = tiny_args(char_dataset, out, max_iters=6, eval_interval=3, log_interval=1, gradient_accumulation_steps=2,
+                     quiet=False)
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             os.path.join(ROOT, "train.py"), *args], capture_output=True, text=True, timeout=240,
+                            cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("iter 5:") == 1  # only rank 0 logs
+    assert train.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"] == 6
+    assert sorted(os.listdir(out)) == ["best.pt", "ckpt.pt", "log.jsonl"]
+
+
+def test_gradient_accumulation_must_divide_across_processes(char_dataset, tmp_path):
+    out = str(tmp_path / "ddp")
+    args = tiny_args(char_dataset, out, gradient_accumulation_steps=3)
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             os.path.join(ROOT, "train.py"), *args], capture_output=True, text=True, timeout=240,
+                            cwd=ROOT)
+    assert result.returncode != 0 and "not divisible" in result.stderr and not os.path.exists(out)
