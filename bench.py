@@ -1,8 +1,40 @@
-"""bench.py (work in progress): measured ceilings of this machine."""
+"""
+The single-device benchmark: the chapter's engineering claims as numbers.
+
+    python bench.py            # CUDA if present (GPT-2-small-sized), else MPS/CPU (6 layers x 384 dims)
+    python bench.py --quick    # a tiny smoke run, under a minute on 2 CPU cores
+
+Sections (one markdown table each; the same figures go to a JSON file, and PNG plots when matplotlib is there):
+  1. ceilings     measured matmul rate (bf16 on CUDA, fp32 on CPU) and device copy bandwidth
+  2. training     one training step per arch at equal size and tokens: MFU and supervised tokens/s (claim C1)
+  3. attention    SDPA with is_causal=True vs the same mask written out, prefix mask, no mask (+ FlexAttention
+                  on CUDA), and which kernel ran (claim E2)
+  4. decoding     per-token latency against context length: KV cache vs recomputation (claim D4), and a
+                  240-token generation against the memory-bandwidth floor
+  5. prefix       16 requests sharing a long prompt: one shared prefill vs 16 separate ones (claim D4)
+Every timing: warm-up first, device synchronisation before reading the clock, median of repeats, random inputs.
+"""
+import json
+import os
+import platform
+import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
+SECTIONS = ("ceilings", "training", "attention", "decoding", "prefix")
+DEFAULTS = dict(
+    device="auto",
+    quick=False,           # tiny sizes, few repeats: checks that everything runs, not how fast
+    sections="all",        # "all" or a comma-separated subset of: ceilings,training,attention,decoding,prefix
+    repeats=5,             # timings are medians over this many runs
+    out="",                # JSON path; "" = bench_results/bench-<device>[-quick].json
+    plots=True,            # write PNGs next to the JSON when matplotlib is installed
+)
+
+
+# ----------------------------------------------------------------------------- timing helpers
 
 def synchronize(device):
     if str(device).startswith("cuda"):
@@ -32,3 +64,326 @@ def matmul_flops_per_second(device, dtype=torch.float32, size=None, repeats=5):
     a = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
     b = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
     return 2 * size ** 3 / median_time(lambda: a @ b, device, repeats=repeats)
+
+
+def copy_bandwidth(device, megabytes=256, repeats=5):
+    """Bytes per second of a device-to-device copy (each byte read once and written once)."""
+    n = megabytes * 2 ** 20 // 4
+    a = torch.rand(n, device=device)
+    b = torch.empty_like(a)
+    return 2 * a.numel() * 4 / median_time(lambda: b.copy_(a), device, repeats=repeats)
+
+
+def table(title, header, rows):
+    lines = [f"\n### {title}\n", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text
+
+
+# ----------------------------------------------------------------------------- sizes
+
+def sizes(device, quick):
+    if quick:
+        return dict(n_layer=2, n_head=2, n_embd=64, block_size=64, vocab=171, batch=4, dtype=torch.float32)
+    if device.startswith("cuda"):  # GPT-2 small
+        return dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab=50363, batch=16, dtype=torch.bfloat16)
+    return dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab=171, batch=8, dtype=torch.float32)
+
+
+def build(arch, s, device):
+    from model import ModelConfig, Transformer
+    # equal size: t5 splits the layers between its encoder and decoder
+    layers = dict(n_layer=s["n_layer"] // 2, n_decoder_layer=s["n_layer"] // 2) if arch == "t5" else \
+        dict(n_layer=s["n_layer"])
+    torch.manual_seed(0)
+    config = ModelConfig(arch=arch, vocab_size=s["vocab"], block_size=s["block_size"], n_head=s["n_head"],
+                         n_embd=s["n_embd"], bias=False, dropout=0.0, **layers)
+    return Transformer(config).to(device)
+
+
+def synthetic_specials(vocab):
+    from data.prepare_common import SPECIAL_TOKENS, special_token_ids, NUM_SENTINELS
+    from objectives import Specials
+    ordinary = vocab - len(SPECIAL_TOKENS)
+    return Specials.from_meta({"specials": special_token_ids(ordinary), "num_ordinary": ordinary,
+                               "num_sentinels": NUM_SENTINELS})
+
+
+def autocast_for(device, dtype):
+    if str(device).startswith("cuda") and dtype != torch.float32:
+        return torch.autocast("cuda", dtype=dtype)
+    from contextlib import nullcontext
+    return nullcontext()
+
+
+# ----------------------------------------------------------------------------- sections
+
+def bench_ceilings(device, s, repeats, results):
+    flops = matmul_flops_per_second(device, s["dtype"], size=512 if s["n_embd"] < 128 else None, repeats=repeats)
+    bandwidth = copy_bandwidth(device, 32 if s["n_embd"] < 128 else 256, repeats)
+    results["ceilings"] = {"matmul_flops": flops, "dtype": str(s["dtype"]), "copy_bandwidth": bandwidth}
+    return table("1. Ceilings of this machine", ["measure", "value"],
+                 [[f"matmul ({str(s['dtype']).replace('torch.', '')})", f"{flops / 1e12:.3f} TFLOP/s"],
+                  ["device copy bandwidth", f"{bandwidth / 1e9:.1f} GB/s"]])
+
+
+def bench_training(device, s, repeats, results):
+    import objectives
+    specials = synthetic_specials(s["vocab"])
+    peak = results["ceilings"]["matmul_flops"]
+    rows, data = [], {}
+    for arch in ("gpt", "bert", "prefixlm", "t5"):
+        model = build(arch, s, device)
+        optimizer = model.configure_optimizer(0.1, 1e-4, (0.9, 0.95), "cuda" if device.startswith("cuda") else device)
+        generator = torch.Generator().manual_seed(0)
+        windows = torch.randint(0, specials.num_ordinary, (s["batch"], s["block_size"] + 1), generator=generator)
+        objective = objectives.OBJECTIVES_FOR_ARCH[arch][0]
+        batch = objectives.make_batch(objective, windows, specials, generator, arch)
+        dec_len = batch.decoder_inputs.size(1) if batch.decoder_inputs is not None else 0
+        flops = s["batch"] * model.training_flops(batch.inputs.size(1), dec_len)
+        supervised, processed = batch.supervised_positions(), batch.processed_positions()
+        batch = batch.to(device)
+
+        def step():
+            with autocast_for(device, s["dtype"]):
+                _, loss = model(**batch.model_inputs())
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        seconds = median_time(step, device, repeats)
+        data[arch] = {"objective": objective, "ms_per_step": seconds * 1e3, "tokens_per_s": processed / seconds,
+                      "supervised_per_s": supervised / seconds, "mfu": flops / seconds / peak,
+                      "supervised_per_tflop": supervised / (flops / 1e12), "supervised_fraction": supervised / processed,
+                      "parameters": model.num_parameters()}
+        d = data[arch]
+        rows.append([arch, objective, f"{d['parameters'] / 1e6:.2f}M", f"{d['ms_per_step']:.1f}",
+                     f"{d['tokens_per_s']:,.0f}", f"{100 * d['mfu']:.1f}%", f"{100 * d['supervised_fraction']:.1f}%",
+                     f"{d['supervised_per_s']:,.0f}", f"{d['supervised_per_tflop']:,.0f}"])
+        del model, optimizer
+    ratio = data["gpt"]["supervised_per_s"] / data["bert"]["supervised_per_s"]
+    data["gpt_over_bert_supervised"] = ratio
+    results["training"] = data
+    return table(f"2. Training step per architecture (batch {s['batch']} x {s['block_size']} tokens; "
+                 f"gpt / bert supervised tokens/s = {ratio:.2f}x, claim C1)",
+                 ["arch", "objective", "params", "ms/step", "tokens/s", "MFU", "supervised", "supervised tok/s",
+                  "supervised tok/TFLOP"], rows)
+
+
+def which_backend(q, k, v, attn_mask, is_causal):
+    """The first SDPA backend, in PyTorch's order of preference, that accepts these inputs."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                    SDPBackend.MATH):
+        try:
+            with sdpa_kernel([backend]):
+                F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+            return backend.name.lower()
+        except RuntimeError:
+            continue
+    return "none"
+
+
+def bench_attention(device, s, repeats, results):
+    import masks
+    B, H, T, hs = s["batch"], s["n_head"], s["block_size"], s["n_embd"] // s["n_head"]
+    generator = torch.Generator(device=device).manual_seed(0)
+    q, k, v = (torch.randn(B, H, T, hs, device=device, dtype=s["dtype"], generator=generator) for _ in range(3))
+    prefix = torch.full((B,), T // 2, device=device)
+    variants = {
+        "causal, is_causal=True (fast path)": (None, True),
+        "causal, explicit boolean mask": (masks.causal_mask(T, device=device), False),
+        "prefix-LM boolean mask (half prefix)": (masks.prefix_lm_mask(prefix, T), False),
+        "bidirectional, no mask": (None, False),
+    }
+    rows, data = [], {}
+    for name, (mask, is_causal) in variants.items():
+        seconds = median_time(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal),
+                              device, repeats * 4)
+        data[name] = {"ms": seconds * 1e3, "backend": which_backend(q, k, v, mask, is_causal)}
+    if device.startswith("cuda"):
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+            flex = torch.compile(flex_attention)
+            for name, rule in (("FlexAttention, causal block mask", lambda b, h, i, j: j <= i),
+                               ("FlexAttention, prefix-LM block mask", lambda b, h, i, j: (j <= i) | (j < T // 2))):
+                block_mask = create_block_mask(rule, B=None, H=None, Q_LEN=T, KV_LEN=T, device=device)
+                seconds = median_time(lambda: flex(q, k, v, block_mask=block_mask), device, repeats * 4)
+                data[name] = {"ms": seconds * 1e3, "backend": "flex (compiled)"}
+        except Exception as e:  # FlexAttention needs a recent PyTorch and Triton
+            data["FlexAttention"] = {"ms": float("nan"), "backend": f"unavailable: {type(e).__name__}"}
+    fast = data["causal, is_causal=True (fast path)"]["ms"]
+    for name, d in data.items():
+        rows.append([name, f"{d['ms']:.3f}", f"{d['ms'] / fast:.2f}x", d["backend"]])
+    results["attention"] = data
+    return table(f"3. Attention kernels (B={B}, heads={H}, T={T}, head size={hs}, "
+                 f"{str(s['dtype']).replace('torch.', '')}; claim E2)",
+                 ["variant", "ms/call", "vs is_causal", "backend"], rows)
+
+
+def bench_decoding(device, s, repeats, results):
+    import kvcache as K
+    from sample import iterative_unmask
+    T = s["block_size"]
+    lengths = [L for L in (32, 64, 128, 256, 512, 1024) if L < T] + [T - 1]
+    if T < 64:
+        lengths = [16, T // 2, T - 1]
+    models = {arch: build(arch, s, device).eval() for arch in ("gpt", "prefixlm", "t5", "bert")}
+    generator = torch.Generator(device=device).manual_seed(0)
+    ids = torch.randint(0, 60, (1, T), device=device, generator=generator)
+    curves = {"gpt cached": [], "gpt recomputed": [], "prefixlm cached": [], "t5 cached": [],
+              "bert recomputed (1 pass)": []}
+    with torch.no_grad(), autocast_for(device, s["dtype"]):
+        for L in lengths:
+            for arch in ("gpt", "prefixlm", "t5"):
+                model = models[arch]
+                cache = K.KVCache(model, 1, T)
+                if arch == "t5":  # context L: half read by the encoder, half already decoded
+                    K.prefill(model, ids[:, :L - L // 2], cache, encoder_inputs=ids[:, :L // 2])
+                else:
+                    K.prefill(model, ids[:, :L], cache)
+                token, start = ids[:, L:L + 1], cache.length
+
+                def one_step():
+                    cache.length = start  # rewind: every repeat decodes the same position
+                    K.forward_with_cache(model, token, cache)
+
+                curves[f"{arch} cached"].append(median_time(one_step, device, repeats) * 1e3)
+            curves["gpt recomputed"].append(
+                median_time(lambda: models["gpt"](ids[:, :L + 1]), device, repeats) * 1e3)
+            curves["bert recomputed (1 pass)"].append(
+                median_time(lambda: models["bert"](ids[:, :L + 1]), device, repeats) * 1e3)
+    cached, full = curves["gpt cached"], curves["gpt recomputed"]
+    crossover = next((L for L, c, f in zip(lengths, cached, full) if c < f), None)
+    rows = [[L] + [f"{curves[name][i]:.2f}" for name in curves] for i, L in enumerate(lengths)]
+    text = table(f"4a. Decoding: ms per new token against context length (cached gpt is faster from context "
+                 f"{crossover}; {full[-1] / cached[-1]:.1f}x at {lengths[-1]}; claim D4)",
+                 ["context"] + list(curves), rows)
+
+    # a whole generation: batch 1, 16-token prompt, 240 new tokens (fewer in --quick)
+    new = min(240, T - 16)
+    mask_id = synthetic_specials(s["vocab"]).mask
+    prompt = ids[:, :16]
+    gpt = models["gpt"]
+    run = {}
+    with torch.no_grad(), autocast_for(device, s["dtype"]):
+        for name, use_cache in (("gpt, KV cache", True), ("gpt, recomputed", False)):
+            seconds = median_time(lambda: K.generate(gpt, prompt, new, temperature=0, use_cache=use_cache), device,
+                                  max(1, repeats // 2), warmup=1)
+            run[name] = {"tokens_per_s": new / seconds, "forward_passes": new}
+        for steps in (16, 64):
+            seconds = median_time(lambda: iterative_unmask(models["bert"], prompt, new, steps, mask_id=mask_id,
+                                                           temperature=0), device, max(1, repeats // 2), warmup=1)
+            run[f"bert mask-predict, {steps} steps"] = {"tokens_per_s": new / seconds, "forward_passes": steps}
+    weight_bytes = gpt.num_parameters() * torch.finfo(s["dtype"]).bits // 8
+    # each token must read every weight once: bandwidth / weight bytes bounds tokens/s (at batch 1). On a CPU whose
+    # caches hold much of a small model the bound can be beaten: then it says the model is too small to be bound
+    floor = results["ceilings"]["copy_bandwidth"] / weight_bytes
+    speedup = run["gpt, KV cache"]["tokens_per_s"] / run["gpt, recomputed"]["tokens_per_s"]
+    rows = [[name, f"{d['tokens_per_s']:,.1f}", d["forward_passes"],
+             f"{100 * d['tokens_per_s'] / floor:.1f}%"] for name, d in run.items()]
+    rows.append(["bandwidth floor (weights read once per token)", f"{floor:,.1f}", "-", "100%"])
+    text += table(f"4b. Generating {new} tokens from a 16-token prompt, batch 1 (cache speedup {speedup:.1f}x)",
+                  ["sampler", "tokens/s", "forward passes", "of bandwidth floor"], rows)
+    results["decoding"] = {"lengths": lengths, "ms_per_token": curves, "crossover": crossover,
+                           "generation": run, "bandwidth_floor_tokens_per_s": floor, "cache_speedup": speedup}
+    return text
+
+
+def bench_prefix(device, s, repeats, results):
+    import kvcache as K
+    T = s["block_size"]
+    requests, own, new = 16, max(4, T // 16), max(4, T // 16)
+    shared_length = T - own - new
+    model = build("gpt", s, device).eval()
+    generator = torch.Generator(device=device).manual_seed(1)
+    prompt = torch.randint(0, 60, (1, shared_length), device=device, generator=generator)
+    suffixes = torch.randint(0, 60, (requests, own), device=device, generator=generator)
+
+    def serve(shared):
+        if shared:  # one prefill of the common prompt, forked to every request
+            cache = K.KVCache(model, 1, T)
+            K.prefill(model, prompt, cache)
+            cache = cache.fork(requests)
+            logits = K.forward_with_cache(model, suffixes, cache)[:, -1]
+        else:  # every request prefills the whole prompt itself (batched, as a server would)
+            cache = K.KVCache(model, requests, T)
+            logits = K.prefill(model, torch.cat([prompt.expand(requests, -1), suffixes], dim=1), cache)
+        for _ in range(new):
+            token = logits.argmax(-1, keepdim=True)
+            logits = K.forward_with_cache(model, token, cache)[:, -1]
+
+    with torch.no_grad(), autocast_for(device, s["dtype"]):
+        separate = median_time(lambda: serve(False), device, repeats)
+        shared = median_time(lambda: serve(True), device, repeats)
+    results["prefix"] = {"requests": requests, "shared_prompt": shared_length, "own_tokens": own,
+                         "new_tokens": new, "separate_ms": separate * 1e3, "shared_ms": shared * 1e3,
+                         "speedup": separate / shared}
+    return table(f"5. Prefix caching: {requests} requests sharing a {shared_length}-token prompt, each adding {own} "
+                 f"tokens and generating {new} (claim D4)", ["serving", "total ms", "speedup"],
+                 [["16 separate prefills", f"{separate * 1e3:.1f}", "1.00x"],
+                  ["one shared prefill, forked cache", f"{shared * 1e3:.1f}", f"{separate / shared:.2f}x"]])
+
+
+def plot(results, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    d = results["decoding"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, values in d["ms_per_token"].items():
+        ax.plot(d["lengths"], values, marker="o", label=name)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("ms per new token")
+    ax.set_title("Decoding cost against context (claim D4)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def main():
+    from configurator import UserError, apply_overrides
+    from train import pick_device
+    config = apply_overrides(DEFAULTS, sys.argv[1:])
+    chosen = SECTIONS if config["sections"] == "all" else tuple(x.strip() for x in config["sections"].split(","))
+    unknown = [x for x in chosen if x not in SECTIONS]
+    if unknown:
+        raise UserError(f"unknown section(s) {', '.join(unknown)}: choose from {', '.join(SECTIONS)} or all")
+    if config["repeats"] < 1:
+        raise UserError("--repeats must be at least 1")
+    device = pick_device(config["device"])
+    s = sizes(device, config["quick"])
+    repeats = 2 if config["quick"] else config["repeats"]
+    name = "cuda" if device.startswith("cuda") else device
+    out = config["out"] or os.path.join("bench_results", f"bench-{name}{'-quick' if config['quick'] else ''}.json")
+    machine = torch.cuda.get_device_name(device) if device.startswith("cuda") else \
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    print(f"## bench.py on {device} ({machine}), torch {torch.__version__}; model {s['n_layer']} layers x "
+          f"{s['n_embd']} dims, block {s['block_size']}; medians of {repeats}")
+    results = {"device": device, "machine": machine, "torch": torch.__version__, "sizes": {k: str(v) for k, v in
+                                                                                          s.items()}}
+    t0 = time.perf_counter()
+    texts = [bench_ceilings(device, s, repeats, results)]  # every other section is read against these
+    for section in chosen:
+        if section != "ceilings":
+            texts.append(globals()[f"bench_{section}"](device, s, repeats, results))
+    results["seconds"] = time.perf_counter() - t0
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out + ".tmp", "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(out + ".tmp", out)
+    with open(os.path.splitext(out)[0] + ".md", "w") as f:
+        f.write(f"bench.py on {device} ({machine}), torch {torch.__version__}\n" + "\n".join(texts) + "\n")
+    picture = plot(results, os.path.splitext(out)[0] + ".png") if config["plots"] and "decoding" in results else None
+    print(f"\nwrote {out}{' and ' + picture if picture else ''} in {results['seconds']:.0f} s")
+
+
+if __name__ == "__main__":
+    from configurator import run_main
+    run_main(main)

@@ -178,7 +178,7 @@ def sample_next(logits, temperature=1.0, top_k=None, generator=None, banned=None
     return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
 
 
-@torch.no_grad()
+@torch.inference_mode()  # like no_grad, minus autograd's version counters: less overhead per token
 def generate(model, prompt, max_new_tokens, num_samples=1, temperature=1.0, top_k=None, use_cache=True,
              generator=None, banned=None, encoder_inputs=None, encoder_lengths=None, start_token=None):
     """Sample continuations. gpt / prefixlm: `prompt` (1, P) is the text so far. t5: `encoder_inputs` (1, S) is

@@ -46,6 +46,17 @@ class RotaryPositions(nn.Module):
         return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
 
+def explicit_attention_probabilities(q, k, attn_mask=None, is_causal=False):
+    """The plain reference: softmax(q k^T / sqrt(d) + mask), (B, nh, Tq, Tk). SDPA computes the same thing without
+    materialising it; tests check the two agree, and the claim D3 analysis reads these matrices."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if is_causal:  # only used with Tq == Tk (masks.attention_mask guarantees it)
+        attn_mask = masks.causal_mask(q.size(-2), k.size(-2), q.device)
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
+    return torch.softmax(scores.float(), dim=-1)
+
+
 class Attention(nn.Module):
     """Multi-head attention. Queries come from `x`; keys and values from `context` (= x for self-attention,
     the encoder output for cross-attention). An optional `cache` (see kvcache.py) stores K/V across calls."""
@@ -58,6 +69,8 @@ class Attention(nn.Module):
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.proj.residual_output = True  # scaled init, as GPT-2
         self.resid_dropout = nn.Dropout(config.dropout)
+        self.record_probabilities = False  # set True to keep the attention matrix (analysis, tests)
+        self.probabilities = None
 
     def split_heads(self, t):
         B, T, C = t.shape
@@ -78,6 +91,8 @@ class Attention(nn.Module):
                 # claim D4: under a causal mask the K/V of position i depend only on tokens 0..i, so the cache
                 # keeps them and the new queries attend to [cached ; new]
                 k, v = cache.update(k, v)  # (B, nh, start+T, hs)
+        if self.record_probabilities:
+            self.probabilities = explicit_attention_probabilities(q, k, attn_mask, is_causal).detach()
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                            dropout_p=self.dropout if self.training else 0.0)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
@@ -93,7 +108,7 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        return self.dropout(self.proj(F.gelu(self.fc(x))))
+        return self.dropout(self.proj(F.gelu(self.fc(x), approximate="tanh")))  # GPT-2's GELU, cheaper than erf
 
 
 class Block(nn.Module):
@@ -205,6 +220,19 @@ class Transformer(nn.Module):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def attention_maps(self, ids, prefix_length=None):
+        """Every layer's attention probabilities for ids: a list of (B, nh, T, T), computed explicitly."""
+        layers = [block.attention for block in self.blocks]
+        for attention in layers:
+            attention.record_probabilities = True
+        try:
+            with torch.no_grad():
+                self.run_stack(ids, prefix_length) if self.config.arch != "t5" else self.encode(ids)
+            return [attention.probabilities for attention in layers]
+        finally:
+            for attention in layers:
+                attention.record_probabilities, attention.probabilities = False, None
 
     def num_parameters(self, exclude_positions=False):
         n = sum(p.numel() for p in self.parameters())  # parameters() yields the tied weight once

@@ -237,6 +237,21 @@ UL2_DENOISERS = {  # name: (mode, mean span, noise density); S is prefix LM
 }
 
 
+def ul2_example(tokens, name, specials, generator, arch, budget):
+    """One example through one UL2 denoiser; the source starts with the denoiser's mode token. `tokens` holds at
+    least budget + 1 ids; span lengths adapt to what fits in `budget` positions (never an empty span)."""
+    mode, mean_span, density = UL2_DENOISERS[name]
+    mode_token = torch.tensor([specials.modes[mode]])
+    if mode == "S":
+        L = budget if arch == "prefixlm" else budget + 1  # prefixlm: mode token + text - 1 <= budget
+        split = int(torch.randint(1, L - 1, (1,), generator=generator)) if L > 2 else 1
+        source, target = tokens[:split], tokens[split:L]
+    else:
+        L = fitting_text_length(budget, arch, density, mean_span, len(specials.sentinels), extra_source_tokens=1)
+        source, target = corrupt_spans(tokens[:L], specials, generator, density, mean_span)
+    return torch.cat([mode_token, source]), target
+
+
 def ul2(windows, specials, generator, arch, mixture=(0.5, 0.25, 0.25)):
     """UL2 (claim F2): each example draws a denoiser, S / R / X with the mixture's weights (a family's weight is
     shared evenly by its members), and its source starts with the mode token ([S2S], [NLU], [NLG])."""
@@ -246,20 +261,8 @@ def ul2(windows, specials, generator, arch, mixture=(0.5, 0.25, 0.25)):
     family_size = {m: sum(1 for n in names if UL2_DENOISERS[n][0] == m) for m in weights}
     probs = torch.tensor([weights[UL2_DENOISERS[n][0]] / family_size[UL2_DENOISERS[n][0]] for n in names])
     choice = torch.multinomial(probs, len(windows), replacement=True, generator=generator)
-    sources, targets = [], []
-    for w, c in zip(windows, choice.tolist()):
-        mode, mean_span, density = UL2_DENOISERS[names[c]]
-        mode_token = torch.tensor([specials.modes[mode]])
-        if mode == "S":
-            L = T if arch == "prefixlm" else T + 1  # prefixlm: mode token + text - 1 <= T
-            split = int(torch.randint(1, L - 1, (1,), generator=generator)) if L > 2 else 1
-            source, target = w[:split], w[split:L]
-        else:
-            L = fitting_text_length(T, arch, density, mean_span, len(specials.sentinels), extra_source_tokens=1)
-            source, target = corrupt_spans(w[:L], specials, generator, density, mean_span)
-        sources.append(torch.cat([mode_token, source]))
-        targets.append(target)
-    return seq2seq_batch(sources, targets, arch, specials)
+    pairs = [ul2_example(w, names[c], specials, generator, arch, T) for w, c in zip(windows, choice.tolist())]
+    return seq2seq_batch([s for s, _ in pairs], [t for _, t in pairs], arch, specials)
 
 
 # ----------------------------------------------------------------------------- the one switch

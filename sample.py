@@ -79,7 +79,7 @@ class Tokenizer:
 
 # ----------------------------------------------------------------------------- iterative unmasking
 
-@torch.no_grad()
+@torch.inference_mode()
 def iterative_unmask(model, prompt, num_new, steps, mask_id, num_samples=1, temperature=1.0, top_k=None,
                      order="confident", block_length=0, generator=None, banned=None):
     """Append num_new [MASK]s after the prompt and fill them over `steps` bidirectional forward passes. Each pass

@@ -133,5 +133,19 @@ def test_prepare_bad_inputs(tmp_path):
 
 def test_bench_bad_inputs():
     print(assert_clean_failure(run_script("bench.py", "--device=cuda"), "CUDA is not available"))
-    print(assert_clean_failure(run_script("bench.py", "--sections=fast"), "wrong type"))
+    print(assert_clean_failure(run_script("bench.py", "--sections=fast"), "unknown section"))
+    print(assert_clean_failure(run_script("bench.py", "--repeats=many"), "wrong type"))
     print(assert_clean_failure(run_script("bench.py", "--repeatz=3"), "unknown option"))
+
+
+def test_bench_quick_runs_every_section(tmp_path):
+    """bench.py must not rot: the quick run exercises every section (no assertion on speed)."""
+    out = tmp_path / "bench.json"
+    result = run_script("bench.py", "--quick", f"--out={out}", "--plots=False")
+    assert result.returncode == 0, result.stderr
+    import json
+    results = json.loads(out.read_text())
+    for section in ("ceilings", "training", "attention", "decoding", "prefix"):
+        assert section in results
+    assert set(results["training"]) >= {"gpt", "bert", "prefixlm", "t5"}
+    assert (tmp_path / "bench.md").exists() and "### 5." in result.stdout
