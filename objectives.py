@@ -217,12 +217,14 @@ def fitting_text_length(budget, arch, noise_density, mean_span, max_spans, extra
         used = max(source, target) if arch == "t5" else source + target - 1
         if used <= budget:
             return length
-    raise ValueError(f"a block of {budget} positions is too short for this objective")
+    return None  # not even 2 tokens of text fit
 
 
 def span_corruption(windows, specials, generator, arch, noise_density=0.15, mean_span=3.0):
     T = windows.shape[1] - 1
     L = fitting_text_length(T, arch, noise_density, mean_span, len(specials.sentinels))
+    if L is None:
+        raise ValueError(f"span corruption needs a longer block than {T} for arch {arch}")
     pairs = [corrupt_spans(w[:L], specials, generator, noise_density, mean_span) for w in windows]
     return seq2seq_batch([s for s, _ in pairs], [t for _, t in pairs], arch, specials)
 
@@ -241,13 +243,16 @@ def ul2_example(tokens, name, specials, generator, arch, budget):
     """One example through one UL2 denoiser; the source starts with the denoiser's mode token. `tokens` holds at
     least budget + 1 ids; span lengths adapt to what fits in `budget` positions (never an empty span)."""
     mode, mean_span, density = UL2_DENOISERS[name]
+    if mode != "S":
+        L = fitting_text_length(budget, arch, density, mean_span, len(specials.sentinels), extra_source_tokens=1)
+        if L is None:  # a window too short for any span: fall back to the sequential denoiser
+            mode = "S"
     mode_token = torch.tensor([specials.modes[mode]])
     if mode == "S":
         L = budget if arch == "prefixlm" else budget + 1  # prefixlm: mode token + text - 1 <= budget
         split = int(torch.randint(1, L - 1, (1,), generator=generator)) if L > 2 else 1
         source, target = tokens[:split], tokens[split:L]
     else:
-        L = fitting_text_length(budget, arch, density, mean_span, len(specials.sentinels), extra_source_tokens=1)
         source, target = corrupt_spans(tokens[:L], specials, generator, density, mean_span)
     return torch.cat([mode_token, source]), target
 

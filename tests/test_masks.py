@@ -28,12 +28,6 @@ def test_prefix_rows_see_prefix_plus_own_past():
         assert visible == set(range(P)) | set(range(i + 1))
 
 
-def test_flattened_prefix_lm_equals_encoder_decoder_pattern():  # claim A2
-    for P, S in [(1, 1), (3, 5), (6, 2)]:
-        assert torch.equal(masks.prefix_lm_mask(torch.tensor([P]), P + S)[0, 0],
-                           masks.flattened_encoder_decoder_mask(P, S))
-
-
 def test_causal_takes_the_fast_path_only_when_exact():
     assert masks.attention_mask("causal", 8) == (None, True)
     mask, is_causal = masks.attention_mask("causal", 3, 8)  # chunked prefill on a cache: bottom-right

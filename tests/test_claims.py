@@ -1,0 +1,157 @@
+"""The chapter's mathematical claims as tests. Each docstring quotes the claim id (../shared/CHAPTER.md)."""
+import itertools
+import math
+
+import torch
+
+import masks
+import objectives as O
+from model import ModelConfig, Transformer, explicit_attention_probabilities
+
+SYMBOLS, LENGTH = 3, 4
+ALL_SEQUENCES = torch.tensor(list(itertools.product(range(SYMBOLS), repeat=LENGTH)))  # all 81
+
+
+def tiny(arch, vocab, position="learned", block=LENGTH + 1, seed=0):
+    torch.manual_seed(seed)
+    return Transformer(ModelConfig(arch=arch, vocab_size=vocab, block_size=block, n_layer=2, n_head=2, n_embd=16,
+                                   position=position, dropout=0.0))
+
+
+def fit(model, make_batch, steps=100):
+    """A few optimizer steps on a Markov chain (each symbol repeats the previous one with probability 0.8), so the
+    conditionals are far from uniform and depend on the neighbours."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-2)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        x = torch.randint(0, SYMBOLS, (32, LENGTH), generator=g)
+        for i in range(1, LENGTH):
+            x[:, i] = torch.where(torch.rand(32, generator=g) < 0.8, x[:, i - 1], x[:, i])
+        inputs, targets = make_batch(x, g)
+        _, loss = model(inputs, targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model.eval()
+
+
+BOS, MASK = SYMBOLS, SYMBOLS
+
+
+def gpt_log_probability(model, x):
+    """log p(x) = sum_i log p(x_i | BOS, x_<i), normalised over the symbols (chain rule)."""
+    inputs = torch.cat([torch.full((x.size(0), 1), BOS), x[:, :-1]], dim=1)
+    logp = torch.log_softmax(model(inputs)[0][..., :SYMBOLS].double(), dim=-1)
+    return logp.gather(-1, x[..., None])[..., 0].sum(-1)
+
+
+def bert_pseudo_log_likelihood(model, x):
+    """sum_i log p(x_i | x_-i): each position masked in turn, the others visible."""
+    total = torch.zeros(x.size(0), dtype=torch.double)
+    for i in range(LENGTH):
+        masked = x.clone()
+        masked[:, i] = MASK
+        logp = torch.log_softmax(model(masked)[0][:, i, :SYMBOLS].double(), dim=-1)
+        total += logp.gather(-1, x[:, i:i + 1])[:, 0]
+    return total
+
+
+@torch.no_grad()
+def test_causal_lm_is_a_density_and_mlm_is_not():
+    """Claim C4: p(x) = prod p(x_i | x_<i) is normalised (the 81 probabilities sum to 1); BERT's conditionals do not
+    assemble into a joint (the pseudo-likelihood product over the same 81 sequences does not sum to 1)."""
+    with torch.enable_grad():
+        gpt = fit(tiny("gpt", SYMBOLS + 1), lambda x, g: (torch.cat([torch.full((32, 1), BOS), x[:, :-1]], 1), x))
+        bert = fit(tiny("bert", SYMBOLS + 1), lambda x, g: (
+            torch.where(torch.arange(LENGTH) == torch.randint(0, LENGTH, (32, 1), generator=g), MASK, x),
+            torch.where(torch.arange(LENGTH) == torch.randint(0, LENGTH, (32, 1), generator=g), x, -100)))
+    for model in (tiny("gpt", SYMBOLS + 1), gpt):  # random and trained weights
+        total = gpt_log_probability(model, ALL_SEQUENCES).exp().sum().item()
+        print(f"gpt: sum over all 81 sequences of p(x) = {total:.8f}")
+        assert abs(total - 1) < 1e-5
+    total = bert_pseudo_log_likelihood(bert, ALL_SEQUENCES).exp().sum().item()
+    print(f"bert: sum over all 81 sequences of prod_i p(x_i | x_-i) = {total:.6f}")
+    assert abs(total - 1) > 1e-2
+
+
+@torch.no_grad()
+def test_position_from_the_mask():
+    """Claim D5: without positional encoding a bidirectional model is exactly permutation-equivariant (it cannot
+    tell order); a causal model is not (how many tokens a position sees tells it where it is)."""
+    ids = torch.randint(0, 20, (3, 12), generator=torch.Generator().manual_seed(0))
+    permutation = torch.randperm(12, generator=torch.Generator().manual_seed(1))
+    bert = tiny("bert", 20, position="none", block=12).eval()
+    gpt = tiny("gpt", 20, position="none", block=12).eval()
+    out, out_permuted = bert(ids)[0], bert(ids[:, permutation])[0]
+    assert (out[:, permutation] - out_permuted).abs().max() < 1e-5
+    out, out_permuted = gpt(ids)[0], gpt(ids[:, permutation])[0]
+    difference = (out[:, permutation] - out_permuted).abs().max().item()
+    print(f"causal NoPE: outputs move by {difference:.3f} under a permutation")
+    assert difference > 1e-2
+    learned = tiny("bert", 20, position="learned", block=12).eval()  # with positions bert is not symmetric
+    assert (learned(ids)[0][:, permutation] - learned(ids[:, permutation])[0]).abs().max() > 1e-3
+
+
+@torch.no_grad()
+def test_causal_attention_is_full_rank_and_bidirectional_can_collapse():
+    """Claim D3: a causal attention matrix is lower triangular with a strictly positive diagonal, so its
+    determinant is positive and it has full rank; a bidirectional NoPE head can have rank 1."""
+    ids = torch.randint(0, 20, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.enable_grad():
+        trained = fit(tiny("gpt", SYMBOLS + 1, block=12), lambda x, g: (x, x), steps=20)
+    for model, tokens in ((tiny("gpt", 20, block=12), ids), (trained, ids % SYMBOLS)):
+        for probabilities in model.eval().attention_maps(tokens):  # (B, nh, T, T) per layer
+            P = probabilities.double()
+            assert (P.triu(1) == 0).all() and (P.diagonal(dim1=-2, dim2=-1) > 0).all()
+            assert (torch.linalg.det(P) > 0).all()
+            assert (torch.linalg.matrix_rank(P) == 12).all()
+    same_token = torch.full((1, 12), 7)  # every query and key identical: uniform rows
+    bert = tiny("bert", 20, position="none", block=12).eval()
+    for probabilities in bert.attention_maps(same_token):
+        assert (torch.linalg.matrix_rank(probabilities.double()) == 1).all()
+    causal = tiny("gpt", 20, position="none", block=12).eval()
+    assert all((torch.linalg.matrix_rank(p.double()) == 12).all() for p in causal.attention_maps(same_token))
+
+
+def test_sdpa_equals_the_explicit_softmax_reference():
+    """The fast kernel against the plain formula, for every mask kind (tolerance 1e-5, fp32)."""
+    q, k, v = torch.randn(3, 2, 4, 10, 16).unbind(0)
+    cases = [("causal", 10, 10), ("causal", 4, 10), ("bidirectional", 10, 10), ("prefix", 10, 10), ("prefix", 3, 10)]
+    for kind, Tq, Tk in cases:
+        mask, is_causal = masks.attention_mask(kind, Tq, Tk, prefix_length=torch.tensor([3, 6]))
+        qq, kk, vv = q[:, :, :Tq], k[:, :, :Tk], v[:, :, :Tk]
+        fast = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask, is_causal=is_causal)
+        reference = explicit_attention_probabilities(qq, kk, mask, is_causal) @ vv
+        assert (fast - reference).abs().max() < 1e-5, kind
+
+
+def test_supervision_density():
+    """Claim C1: on a 100-token window next-token prediction supervises every position, MLM 15%, T5's span
+    corruption what its formulas give; the gpt/bert ratio is the chapter's 6-7x."""
+    specials = O.Specials(65, 65, 66, 67, list(range(71, 171)), {"R": 68, "X": 69, "S": 70})
+    w = torch.randint(0, 65, (16, 101), generator=torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(0)
+    clm, mlm = O.clm(w).supervised_fraction(), O.mlm(w, specials, g).supervised_fraction()
+    span = O.span_corruption(w, specials, g, "t5").supervised_fraction()
+    noise, spans = O.span_counts(101)
+    expected_span = (noise + spans + 1) / ((101 - noise + spans + 1) + (noise + spans + 1))
+    print(f"supervised fraction: clm {clm:.0%}, mlm {mlm:.0%}, span corruption {span:.1%}; clm/mlm {clm / mlm:.2f}x")
+    assert clm == 1.0 and abs(mlm - 0.15) < 1e-9 and abs(span - expected_span) < 1e-9
+    assert 6 <= clm / mlm <= 7
+
+
+def test_prefix_lm_flattened_is_encoder_decoder_and_the_difference_is_parameters():
+    """Claim A2: flattened, the prefix-LM mask and the encoder-decoder pattern have the same shape; the real
+    difference is the second set of weights (encoder) and the cross-attention that reads it."""
+    for P, S in [(1, 1), (3, 5), (6, 2)]:
+        assert torch.equal(masks.prefix_lm_mask(torch.tensor([P]), P + S)[0, 0],
+                           masks.flattened_encoder_decoder_mask(P, S))
+    c = dict(vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16)
+    prefixlm, t5 = Transformer(ModelConfig(arch="prefixlm", **c)), Transformer(ModelConfig(arch="t5", **c))
+    one_block = sum(p.numel() for p in prefixlm.blocks[0].parameters())
+    cross = sum(p.numel() for p in t5.decoder_blocks[0].cross_attention.parameters()) + \
+        sum(p.numel() for p in t5.decoder_blocks[0].norm_cross.parameters())
+    print(f"prefixlm {prefixlm.num_parameters():,} vs t5 {t5.num_parameters():,} parameters: a second stack "
+          f"({2 * one_block:,}), cross-attention ({2 * cross:,}) and a norm ({2 * 16})")
+    assert t5.num_parameters() - prefixlm.num_parameters() == 2 * one_block + 2 * cross + 2 * 16
+    assert type(t5.decoder_blocks[0]) is type(prefixlm.blocks[0])
