@@ -83,9 +83,12 @@ def apply_overrides(defaults, argv):
                 config[key] = True  # --flag alone means --flag=True
                 continue
             raise UserError(f"--{key} needs a value: --{key}=<value>")
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            value = text  # a bare word is a string
+        if isinstance(defaults[key], str):
+            value = text  # a string option takes the text as typed: --start=2024 is the prompt "2024"
+        else:
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                value = text  # not a Python literal: reported as the wrong type below
         config[key] = _check_type(key, value, defaults[key])
     return config

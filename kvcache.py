@@ -206,11 +206,11 @@ def generate(model, prompt, max_new_tokens, num_samples=1, temperature=1.0, top_
         if arch == "t5":
             e = encoder_inputs.expand(num_samples, -1)
             lengths = encoder_lengths.expand(num_samples) if encoder_lengths is not None else None
-            return model.lm_head(model.decode(context, model.encode(e, lengths), lengths))[:, -1]
+            return model.lm_head(model.decode(context, model.encode(e, lengths), lengths)[:, -1])
         prefix = None
         if ATTENTION_KIND[arch] == "prefix":
             prefix = torch.full((num_samples,), prefix_end - window_start, device=device)
-        return model.lm_head(model.run_stack(context, prefix_length=prefix))[:, -1]
+        return model.lm_head(model.run_stack(context, prefix_length=prefix)[:, -1])  # the head on the last only
 
     def cached_prefill(length, rows):
         # rows=1: the samples share the prompt, prefill it once and fork the cache (prefix caching);

@@ -149,9 +149,10 @@ class ModelConfig:
     position: str = "learned"   # learned | rope | none (NoPE, claim D5)
 
     def __post_init__(self):
-        self.d_ff = self.d_ff or 4 * self.n_embd
-        if self.arch == "t5":
-            self.n_decoder_layer = self.n_decoder_layer or self.n_layer
+        if self.d_ff == 0:
+            self.d_ff = 4 * self.n_embd
+        if self.arch == "t5" and self.n_decoder_layer == 0:
+            self.n_decoder_layer = self.n_layer
 
     def validate(self):
         """Raise ValueError with a one-line, actionable message for a config that cannot be built."""
@@ -159,9 +160,13 @@ class ModelConfig:
             raise ValueError(f"unknown arch {self.arch!r}: choose one of {', '.join(ARCHS)}")
         if self.position not in POSITION_KINDS:
             raise ValueError(f"unknown position {self.position!r}: choose one of {', '.join(POSITION_KINDS)}")
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "d_ff"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.arch == "t5" and self.n_decoder_layer < 1:
+            raise ValueError(f"n_decoder_layer must be at least 1 for t5 (0 = as many as n_layer)")
+        if self.arch != "t5" and self.n_decoder_layer:
+            raise ValueError(f"n_decoder_layer is for t5 only; {self.arch} has one stack (set n_layer)")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}: "
                              f"pick n_embd a multiple of n_head")
@@ -329,8 +334,10 @@ class Transformer(nn.Module):
         if c.arch != "t5":
             return 6 * input_length * (block_params + head_params) + 12 * c.n_layer * input_length ** 2 * c.n_embd
         decoder_params = sum(p.numel() for p in self.decoder_blocks.parameters())
-        return (6 * input_length * block_params + 12 * c.n_layer * input_length ** 2 * c.n_embd
-                + 6 * decoder_length * (decoder_params + head_params)
+        # cross-attention keys/values are projected from the encoder's tokens, not the decoder's
+        cross_kv = sum(p.numel() for b in self.decoder_blocks for p in b.cross_attention.key_value.parameters())
+        return (6 * input_length * (block_params + cross_kv) + 12 * c.n_layer * input_length ** 2 * c.n_embd
+                + 6 * decoder_length * (decoder_params - cross_kv + head_params)
                 + 12 * c.n_decoder_layer * (decoder_length ** 2 + decoder_length * input_length) * c.n_embd)
 
     def configure_optimizer(self, weight_decay, learning_rate, betas, device_type):

@@ -272,15 +272,15 @@ def ul2(windows, specials, generator, arch, mixture=(0.5, 0.25, 0.25)):
 
 # ----------------------------------------------------------------------------- the one switch
 
-def make_batch(objective, windows, specials, generator, arch, mlm_rate=0.15, noise_density=0.15, mean_span=3.0,
-               ul2_mixture=(0.5, 0.25, 0.25)):
+def make_batch(objective, windows, specials, generator, arch, mlm_rate=0.15, mlm_mask_fraction=0.8,
+               mlm_random_fraction=0.1, noise_density=0.15, mean_span=3.0, ul2_mixture=(0.5, 0.25, 0.25)):
     if objective not in OBJECTIVES_FOR_ARCH.get(arch, ()):
         allowed = ", ".join(OBJECTIVES_FOR_ARCH.get(arch, ()))
         raise ValueError(f"objective {objective!r} does not fit arch {arch!r}: choose one of {allowed}")
     if objective == "clm":
         return clm(windows)
     if objective == "mlm":
-        return mlm(windows, specials, generator, rate=mlm_rate)
+        return mlm(windows, specials, generator, mlm_rate, mlm_mask_fraction, mlm_random_fraction)
     if objective == "diffusion":
         return diffusion(windows, specials, generator)
     if objective == "prefix_lm":

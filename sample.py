@@ -111,7 +111,7 @@ def iterative_unmask(model, prompt, num_new, steps, mask_id, num_samples=1, temp
                 probs = torch.softmax(logits.float(), dim=-1)
                 score = probs.gather(-1, candidates[..., None])[..., 0]
             else:
-                score = torch.rand(S, n, generator=generator).to(logits.device)
+                score = torch.rand(S, n, generator=generator, device=logits.device)
             score = score.masked_fill(~masked, -1.0)  # only masked positions compete
             # reveal an even share of what is left, everything on the block's last step
             reveal = math.ceil(remaining / (steps_per_block - step))
@@ -136,8 +136,11 @@ def read_prompt(start):
         path = start[5:]
         if not os.path.isfile(path):
             raise UserError(f"prompt file {path} not found")
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+        except UnicodeDecodeError:
+            raise UserError(f"prompt file {path} is not UTF-8 text") from None
     return start
 
 
@@ -159,7 +162,7 @@ def main():
         raise UserError("the prompt is empty: pass --start=<text> (or FILE:path)")
     ids = tokenizer.encode(text)
     block_size = model.config.block_size
-    extra = 1 if objective == "ul2" else 0
+    extra = 1 if objective == "ul2" else 2 if (arch, objective) == ("t5", "span_corruption") else 0  # mode/sentinel
     if len(ids) + extra > block_size:
         raise UserError(f"the prompt has {len(ids)} tokens but the model's context is {block_size}: shorten it")
     if arch == "bert" and len(ids) + config["max_new_tokens"] > block_size:

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import pickle
+import random
 import signal
 import subprocess
 import sys
@@ -40,7 +41,7 @@ DEFAULTS = dict(
     n_layer=6, n_decoder_layer=0, n_head=6, n_embd=384, block_size=256, dropout=0.2, bias=False,
     position="learned",         # learned | rope | none (NoPE, claim D5)
     # objective settings
-    mlm_rate=0.15, noise_density=0.15, mean_span=3.0, ul2_mixture=(0.5, 0.25, 0.25),
+    mlm_rate=0.15, mlm_mask_fraction=0.8, mlm_random_fraction=0.1, noise_density=0.15, mean_span=3.0, ul2_mixture=(0.5, 0.25, 0.25),
     # optimisation
     batch_size=64, gradient_accumulation_steps=1, max_iters=5000, max_flops=0.0,  # max_flops > 0: stop at this budget
     learning_rate=1e-3, min_lr=1e-4, warmup_iters=100, lr_decay_iters=5000, decay_lr=True,
@@ -81,8 +82,7 @@ def check_config(config):
     if config["init_from"] not in ("scratch", "resume"):
         raise UserError(f"--init_from={config['init_from']} is not scratch or resume")
     config["out_dir"] = config["out_dir"] or f"out-{config['arch']}"
-    for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval",
-                "block_size"):
+    for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
         if config[key] < 1:
             raise UserError(f"--{key} must be at least 1, got {config[key]}")
     for key in ("max_iters", "warmup_iters", "lr_decay_iters"):
@@ -90,7 +90,14 @@ def check_config(config):
             raise UserError(f"--{key} must be at least 0, got {config[key]}")
     if not 0 < config["mlm_rate"] < 1 or not 0 < config["noise_density"] < 1 or config["mean_span"] < 1:
         raise UserError("need 0 < mlm_rate < 1, 0 < noise_density < 1 and mean_span >= 1")
-    if len(config["ul2_mixture"]) != 3 or min(config["ul2_mixture"]) < 0 or sum(config["ul2_mixture"]) <= 0:
+    if min(config["mlm_mask_fraction"], config["mlm_random_fraction"]) < 0 or \
+            config["mlm_mask_fraction"] + config["mlm_random_fraction"] > 1:
+        raise UserError("need mlm_mask_fraction, mlm_random_fraction >= 0 with a sum of at most 1 (BERT: 0.8, 0.1)")
+    if config["block_size"] < 8:
+        raise UserError(f"--block_size={config['block_size']} is too small: use at least 8")
+    mixture = config["ul2_mixture"]
+    if len(mixture) != 3 or not all(isinstance(w, (int, float)) and not isinstance(w, bool) for w in mixture) \
+            or min(mixture) < 0 or sum(mixture) <= 0:
         raise UserError("--ul2_mixture must be three non-negative weights (S, R, X), e.g. (0.5,0.25,0.25)")
     if config["learning_rate"] <= 0 or config["min_lr"] < 0:
         raise UserError("--learning_rate must be > 0 and --min_lr >= 0")
@@ -134,8 +141,11 @@ def load_dataset(name, block_size, prepare_if_missing):
     prepare_script = os.path.join(folder, "prepare.py")
     if not os.path.exists(meta_path) and prepare_if_missing and os.path.exists(prepare_script):
         print(f"dataset {name} is not prepared yet: running data/{name}/prepare.py")
-        if subprocess.run([sys.executable, prepare_script]).returncode != 0:
-            raise UserError(f"preparing {name} failed (see above)")
+        result = subprocess.run([sys.executable, prepare_script], capture_output=True, text=True)
+        if result.returncode != 0:  # pass its one-line error on as ours
+            message = (result.stderr.strip().splitlines() or ["failed"])[-1].split("error: ", 1)[-1]
+            raise UserError(message)
+        print(result.stdout.strip())
     if not os.path.exists(meta_path):
         raise UserError(f"{meta_path} is missing: prepare the dataset first (python data/<name>/prepare.py)")
     try:
@@ -149,7 +159,8 @@ def load_dataset(name, block_size, prepare_if_missing):
         if not os.path.exists(path):
             raise UserError(f"{path} is missing: prepare the dataset again (python data/<name>/prepare.py)")
         size = os.path.getsize(path)
-        if size % 2 or size // 2 < block_size + 2:
+        expected = meta.get(f"{split}_tokens")
+        if size % 2 or size // 2 < block_size + 2 or (expected is not None and size // 2 != expected):
             raise UserError(f"{path} is truncated or too short ({size} bytes) for block_size={block_size}: "
                             f"prepare the dataset again (python data/<name>/prepare.py)")
         splits[split] = path
@@ -180,18 +191,27 @@ def load_checkpoint(path, device="cpu"):
     if not os.path.exists(path):
         raise UserError(f"no checkpoint at {path}: train first (python train.py ...) or fix --out_dir")
     try:
-        return torch.load(path, map_location=device, weights_only=False)
+        checkpoint = torch.load(path, map_location=device, weights_only=False)
     except Exception as e:
         raise UserError(f"{path} is not a readable checkpoint ({type(e).__name__}): delete it or retrain") from None
+    missing = [k for k in CHECKPOINT_KEYS if not isinstance(checkpoint, dict) or k not in checkpoint]
+    if missing:
+        raise UserError(f"{path} is not a checkpoint of this project (no {', '.join(missing)}): retrain")
+    return checkpoint
+
+
+CHECKPOINT_KEYS = ("model", "optimizer", "config", "model_config", "meta", "iter_num", "best_val_loss", "flops_done",
+                   "rng")
 
 
 def rng_state(data_rng, objective_rng):
-    return {"python": None, "numpy_data": data_rng.bit_generator.state, "objective": objective_rng.get_state(),
+    return {"python": random.getstate(), "numpy_data": data_rng.bit_generator.state, "objective": objective_rng.get_state(),
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
 def restore_rng(state, data_rng, objective_rng):
+    random.setstate(state["python"])
     data_rng.bit_generator.state = state["numpy_data"]
     objective_rng.set_state(state["objective"])
     torch.set_rng_state(state["torch"])
@@ -226,7 +246,8 @@ def learning_rate_at(it, config):
 
 def batch_for(config, windows, specials, generator):
     return objectives.make_batch(config["objective"], windows, specials, generator, config["arch"],
-                                 mlm_rate=config["mlm_rate"], noise_density=config["noise_density"],
+                                 mlm_rate=config["mlm_rate"], mlm_mask_fraction=config["mlm_mask_fraction"],
+                                 mlm_random_fraction=config["mlm_random_fraction"], noise_density=config["noise_density"],
                                  mean_span=config["mean_span"], ul2_mixture=config["ul2_mixture"])
 
 
@@ -258,7 +279,8 @@ def train(config):
     ddp = int(os.environ.get("RANK", -1)) != -1
     rank, world_size = 0, 1
     if ddp:
-        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        import torch.distributed as dist
+        rank, world_size = dist.get_rank(), dist.get_world_size()
         if config["gradient_accumulation_steps"] % world_size:
             raise UserError(f"gradient_accumulation_steps={config['gradient_accumulation_steps']} is not divisible "
                             f"by the {world_size} processes: make it a multiple of --nproc_per_node")
@@ -268,7 +290,13 @@ def train(config):
     master = rank == 0
     log = print if master and not config["quiet"] else (lambda *a, **k: None)
 
-    splits, meta = load_dataset(config["dataset"], config["block_size"], prepare_if_missing=master)
+    if ddp and not master:
+        dist.barrier()  # let rank 0 prepare the dataset first
+    try:
+        splits, meta = load_dataset(config["dataset"], config["block_size"], prepare_if_missing=master)
+    finally:
+        if ddp and master:
+            dist.barrier()
     specials = objectives.Specials.from_meta(meta)
     out_dir = config["out_dir"]
     checkpoint = None
@@ -284,9 +312,11 @@ def train(config):
                 if dtype != "float32" and device_type == "cuda" else nullcontext())
 
     torch.manual_seed(config["seed"])  # the same initial weights on every process
+    model = Transformer(model_config(config, meta["vocab_size"])).to(device)
+    torch.manual_seed(config["seed"] + 100 * rank)  # dropout differs between processes
+    random.seed(config["seed"] + rank)
     data_rng = np.random.default_rng(config["seed"] + rank)  # different windows per process
     objective_rng = torch.Generator().manual_seed(config["seed"] + 1 + rank)
-    model = Transformer(model_config(config, meta["vocab_size"])).to(device)
     optimizer = model.configure_optimizer(config["weight_decay"], config["learning_rate"],
                                           (config["beta1"], config["beta2"]), device_type)
     iter_num, best_val_loss, flops_done = 0, float("inf"), 0.0
@@ -294,9 +324,12 @@ def train(config):
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         iter_num, best_val_loss = checkpoint["iter_num"], checkpoint["best_val_loss"]
-        flops_done = checkpoint.get("flops_done", 0.0)
-        restore_rng(checkpoint["rng"][rank] if isinstance(checkpoint["rng"], list) else checkpoint["rng"],
-                    data_rng, objective_rng)
+        flops_done = checkpoint["flops_done"]
+        states = checkpoint["rng"]  # one per process
+        if len(states) != world_size:
+            raise UserError(f"the checkpoint was written by {len(states)} process(es), this run has {world_size}: "
+                            f"resume with the same --nproc_per_node")
+        restore_rng(states[rank], data_rng, objective_rng)
         checkpoint = None  # free memory
     scaler = torch.amp.GradScaler(enabled=(dtype == "float16"))
     raw_model = model
@@ -311,19 +344,17 @@ def train(config):
     peak_flops = matmul_flops_per_second(device, torch.bfloat16 if dtype == "bfloat16" else torch.float32)
     log(f"{describe(raw_model)}; objective {config['objective']}; device {device} ({dtype}); "
         f"measured matmul peak {peak_flops / 1e12:.3f} TFLOP/s")
+    log_file = None
     if master:
-        os.makedirs(out_dir, exist_ok=True)
-    log_file = open(os.path.join(out_dir, "log.jsonl"), "a") if master else None
+        try:
+            os.makedirs(out_dir, exist_ok=True)
+            log_file = open(os.path.join(out_dir, "log.jsonl"), "a")
+        except OSError as e:
+            raise UserError(f"cannot write to --out_dir={out_dir} ({e.strerror}): choose another folder") from None
 
+    # Ctrl-C (SIGINT), or torchrun/a cluster stopping us (SIGTERM): finish the step, save, exit cleanly
     interrupted = []
-    previous_handler = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
-
-    def checkpoint_state():
-        return {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "config": config,
-                "model_config": asdict(raw_model.config), "meta": meta, "iter_num": iter_num,
-                "best_val_loss": best_val_loss, "flops_done": flops_done,
-                "rng": rng_state(data_rng, objective_rng)}
-
+    handlers = {sig: signal.signal(sig, lambda *_: interrupted.append(True)) for sig in (signal.SIGINT, signal.SIGTERM)}
     pending_losses = []  # (iteration, loss tensor): read back only at log/save time, to avoid a sync per step
 
     def check_losses():
@@ -341,12 +372,22 @@ def train(config):
         pending_losses.clear()
 
     def save(val_loss=None):
-        check_losses()
+        """Every process takes part (its RNG state goes into the checkpoint); rank 0 writes."""
+        states = rng_state(data_rng, objective_rng)
+        if ddp:
+            gathered = [None] * world_size
+            dist.all_gather_object(gathered, states)
+            states = gathered
+        else:
+            states = [states]
         if not master:
             return
-        save_checkpoint(checkpoint_state(), os.path.join(out_dir, "ckpt.pt"))
+        state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "config": config,
+                 "model_config": asdict(raw_model.config), "meta": meta, "iter_num": iter_num,
+                 "best_val_loss": best_val_loss, "flops_done": flops_done, "rng": states}
+        save_checkpoint(state, os.path.join(out_dir, "ckpt.pt"))
         if val_loss is not None and val_loss <= best_val_loss:
-            save_checkpoint(checkpoint_state(), os.path.join(out_dir, "best.pt"))
+            save_checkpoint(state, os.path.join(out_dir, "best.pt"))
 
     tokens_seen = supervised_seen = 0
     last_losses = {}
@@ -354,19 +395,28 @@ def train(config):
     try:
         while True:
             done = iter_num >= config["max_iters"] or (config["max_flops"] and flops_done >= config["max_flops"])
-            if master and (iter_num % config["eval_interval"] == 0 or done):
-                losses = estimate_loss(model, config, splits, specials, device, autocast)
-                last_losses = losses
-                if not all(math.isfinite(v) for v in losses.values()):
-                    raise TrainingDiverged(f"validation loss is {losses['val']} at iteration {iter_num}; "
-                                           f"stopped without saving")
-                log(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}")
-                log_file.write(json.dumps({"iter": iter_num, "train_loss": losses["train"],
-                                           "val_loss": losses["val"]}) + "\n")
-                improved = losses["val"] < best_val_loss
-                best_val_loss = min(best_val_loss, losses["val"])
-                if iter_num > 0 and not config["eval_only"] and (improved or config["always_save_checkpoint"]
-                                                                  or done):
+            if iter_num % config["eval_interval"] == 0 or done:  # every process reaches this point together
+                check_losses()  # a divergence is reported at the iteration where it happened
+                if master:
+                    losses = last_losses = estimate_loss(raw_model, config, splits, specials, device, autocast)
+                    if not all(math.isfinite(v) for v in losses.values()):
+                        raise TrainingDiverged(f"validation loss is {losses['val']} at iteration {iter_num}; "
+                                               f"stopped without saving")
+                    log(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+                        + loss_in_bits(config["objective"], losses["val"]))
+                    log_file.write(json.dumps({"iter": iter_num, "train_loss": losses["train"],
+                                               "val_loss": losses["val"]}) + "\n")
+                    improved = losses["val"] < best_val_loss
+                    best_val_loss = min(best_val_loss, losses["val"])
+                    save_now = iter_num > 0 and not config["eval_only"] and \
+                        (improved or config["always_save_checkpoint"] or done)
+                else:
+                    save_now, losses = False, {"val": None}
+                if ddp:  # rank 0 decides; everyone joins the save
+                    flag = [save_now]
+                    dist.broadcast_object_list(flag, src=0)
+                    save_now = flag[0]
+                if save_now:
                     save(losses["val"])
                 t0, timed_iters = time.perf_counter(), 0  # evaluation and saving are not training time
             if done or config["eval_only"]:
@@ -398,34 +448,59 @@ def train(config):
             scaler.update()
             optimizer.zero_grad(set_to_none=True)
             pending_losses.append((iter_num, loss.detach() * steps))
-            flops_done += step_flops * world_size
-            tokens_seen += step_tokens * world_size
-            supervised_seen += step_supervised * world_size
+            counts = [float(step_flops), float(step_tokens), float(step_supervised), float(bool(interrupted))]
+            if ddp:  # sum over processes: the same budget, counts and stop decision everywhere
+                counts = torch.tensor(counts, dtype=torch.float64)
+                dist.all_reduce(counts)
+                counts = counts.tolist()
+            else:
+                counts = [c * world_size for c in counts[:3]] + counts[3:]
+            step_flops, step_tokens, step_supervised, stop = counts
+            flops_done += step_flops
+            tokens_seen += int(step_tokens)
+            supervised_seen += int(step_supervised)
             timed_iters += 1
 
-            if iter_num % config["log_interval"] == 0 or interrupted:
+            if iter_num % config["log_interval"] == 0 or stop:
                 loss_value = pending_losses[-1][1].item()  # one sync per log line
                 check_losses()
                 t1 = time.perf_counter()
                 dt = (t1 - t0) / timed_iters  # mean over the iterations since the last log line
                 t0, timed_iters = t1, 0
                 log(f"iter {iter_num}: loss {loss_value:.4f}, {dt * 1000:.1f} ms/iter, "
-                    f"{step_tokens * world_size / dt:,.0f} tok/s, {step_supervised * world_size / dt:,.0f} "
-                    f"supervised tok/s, mfu {100 * step_flops / dt / peak_flops:.1f}%")
+                    f"{step_tokens / dt:,.0f} tok/s, {step_supervised / dt:,.0f} supervised tok/s, "
+                    f"mfu {100 * step_flops / world_size / dt / peak_flops:.1f}%")
             iter_num += 1
-            if interrupted:
+            if stop:
+                check_losses()
                 save()
                 log(f"interrupted: saved {os.path.join(out_dir, 'ckpt.pt')} at iteration {iter_num}; resume with "
                     f"the same command plus --init_from=resume")
                 break
         check_losses()
+        if ddp:  # the proof that gradients were averaged: every process holds the same weights
+            checksum = torch.stack([p.detach().double().sum() for p in raw_model.parameters()]).cpu()
+            gathered = [None] * world_size
+            dist.all_gather_object(gathered, checksum)
+            log(f"parameters identical on all {world_size} processes: "
+                f"{all(torch.equal(gathered[0], c) for c in gathered)}")
     finally:
-        signal.signal(signal.SIGINT, previous_handler)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
         if log_file:
             log_file.close()
     return {"model": raw_model, "iter_num": iter_num, "val_loss": last_losses.get("val"),
             "train_loss": last_losses.get("train"), "flops": flops_done, "tokens_seen": tokens_seen,
             "supervised_seen": supervised_seen, "interrupted": bool(interrupted), "meta": meta}
+
+
+def loss_in_bits(objective, loss):
+    """The two losses that are (bounds on) a log-likelihood, in bits per token (claim C4)."""
+    if objective == "clm":
+        return f" = {loss / math.log(2):.4f} bits/token (exact NLL)"
+    if objective == "diffusion":
+        return f" = {loss / math.log(2):.4f} bits/token (ELBO: an upper bound on the NLL)"
+    return ""
 
 
 class TrainingDiverged(Exception):

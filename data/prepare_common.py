@@ -29,8 +29,11 @@ def read_text(input_path, dataset_dir):
     if input_path:
         if not os.path.isfile(input_path):
             raise UserError(f"--input={input_path} does not exist: point it at a copy of Tiny Shakespeare's input.txt")
-        with open(input_path, encoding="utf-8") as f:
-            return f.read()
+        try:
+            with open(input_path, encoding="utf-8") as f:
+                return f.read()
+        except UnicodeDecodeError:
+            raise UserError(f"--input={input_path} is not UTF-8 text") from None
     cached = os.path.join(dataset_dir, "input.txt")
     if not os.path.exists(cached):
         try:
@@ -59,6 +62,7 @@ def write_dataset(dataset_dir, ids, meta):
     assert meta["vocab_size"] <= 2 ** 16, "uint16 storage"
     ids = np.asarray(ids, dtype=np.uint16)
     n = int(0.9 * len(ids))
+    meta.update(train_tokens=n, val_tokens=len(ids) - n)  # lets train.py spot a truncated .bin
     for name, part in (("train.bin", ids[:n]), ("val.bin", ids[n:])):
         part.tofile(os.path.join(dataset_dir, name + ".tmp"))
     with open(os.path.join(dataset_dir, "meta.pkl.tmp"), "wb") as f:

@@ -38,6 +38,12 @@ def fit(model, make_batch, steps=100):
 BOS, MASK = SYMBOLS, SYMBOLS
 
 
+def mask_one_position(x, g):
+    """BERT's task on these tiny sequences: one position masked, predicted from the others."""
+    chosen = torch.arange(LENGTH) == torch.randint(0, LENGTH, (x.size(0), 1), generator=g)
+    return torch.where(chosen, MASK, x), torch.where(chosen, x, -100)
+
+
 def gpt_log_probability(model, x):
     """log p(x) = sum_i log p(x_i | BOS, x_<i), normalised over the symbols (chain rule)."""
     inputs = torch.cat([torch.full((x.size(0), 1), BOS), x[:, :-1]], dim=1)
@@ -62,9 +68,7 @@ def test_causal_lm_is_a_density_and_mlm_is_not():
     assemble into a joint (the pseudo-likelihood product over the same 81 sequences does not sum to 1)."""
     with torch.enable_grad():
         gpt = fit(tiny("gpt", SYMBOLS + 1), lambda x, g: (torch.cat([torch.full((32, 1), BOS), x[:, :-1]], 1), x))
-        bert = fit(tiny("bert", SYMBOLS + 1), lambda x, g: (
-            torch.where(torch.arange(LENGTH) == torch.randint(0, LENGTH, (32, 1), generator=g), MASK, x),
-            torch.where(torch.arange(LENGTH) == torch.randint(0, LENGTH, (32, 1), generator=g), x, -100)))
+        bert = fit(tiny("bert", SYMBOLS + 1), mask_one_position)
     for model in (tiny("gpt", SYMBOLS + 1), gpt):  # random and trained weights
         total = gpt_log_probability(model, ALL_SEQUENCES).exp().sum().item()
         print(f"gpt: sum over all 81 sequences of p(x) = {total:.8f}")

@@ -51,22 +51,24 @@ def test_is_causal_aligns_top_left_which_is_why_chunks_need_the_explicit_mask():
 
 
 def embedding_gradients(arch, T=8):
-    """d(logits at position t) / d(input embeddings): (T, T) grid of gradient norms."""
+    """|d(logits at position t) / d(token embeddings)| through the model's own forward: a (T, T) grid."""
     torch.manual_seed(0)
     model = Transformer(ModelConfig(arch=arch, vocab_size=20, block_size=T, n_layer=2, n_head=2, n_embd=16))
     ids = torch.randint(0, 20, (1, T))
+    captured = {}
+
+    def keep(module, inputs, output):
+        output.retain_grad()
+        captured["embeddings"] = output
+
+    model.token_embedding.register_forward_hook(keep)
     grid = torch.zeros(T, T)
+    prefix = torch.tensor([3]) if arch == "prefixlm" else None
     for t in range(T):
-        x = model.token_embedding(ids).detach().requires_grad_(True)
-        x_in = x + model.position_embedding(torch.arange(T))
-        attn_mask, is_causal = masks.attention_mask(
-            {"gpt": "causal", "bert": "bidirectional", "prefixlm": "prefix"}[arch], T,
-            prefix_length=torch.tensor([3]))
-        h = x_in
-        for block in model.blocks:
-            h = block(h, attn_mask, is_causal)
-        model.lm_head(model.final_norm(h))[0, t].sum().backward()
-        grid[t] = x.grad[0].abs().sum(-1)
+        logits, _ = model(ids, prefix_length=prefix)
+        logits[0, t].sum().backward()
+        grid[t] = captured["embeddings"].grad[0].abs().sum(-1)
+        model.zero_grad()
     return grid
 
 

@@ -65,20 +65,19 @@ def test_span_counts_follow_t5s_formulas():
 
 
 def reconstruct(source, target, specials):
-    """Put the spans back: each sentinel in the source is replaced by the tokens after it in the target."""
+    """Put the spans back: each sentinel in the source is replaced by the tokens after it in the target. Both end
+    with the EOS that span corruption appends (the text itself may contain EOS tokens too)."""
+    assert source[-1] == specials.eos and target[-1] == specials.eos
     spans, current = {}, None
-    for t in target.tolist():
+    for t in target[:-1].tolist():
         if t in specials.sentinels:
             current = t
             spans[current] = []
-        elif t != specials.eos:
+        else:
             spans[current].append(t)
     out = []
-    for t in source.tolist():
-        if t in spans:
-            out += spans[t]
-        elif t != specials.eos:
-            out.append(t)
+    for t in source[:-1].tolist():
+        out += spans[t] if t in spans else [t]
     return out
 
 
@@ -139,6 +138,29 @@ def test_prefix_lm_supervises_the_suffix_only(specials):
 
 # ----------------------------------------------------------------------------- property tests
 
+def recovered_text(b, row, arch, specials, continuation):
+    """The text a seq2seq batch row encodes: source (minus its mode token) with the target put back."""
+    target = b.targets[row][b.targets[row] != IGNORE_INDEX]
+    if arch == "t5":
+        source = b.inputs[row, :b.input_lengths[row]] if b.input_lengths is not None else b.inputs[row]
+        # decoder inputs are the targets shifted right behind the start token
+        assert b.decoder_inputs[row, 0] == specials.pad
+        assert torch.equal(b.decoder_inputs[row, 1:len(target)], target[:-1])
+    else:
+        P = int(b.prefix_length[row])
+        source = b.inputs[row, :P]
+        # ignore-index placement: the loss starts at the last source position and follows the inputs
+        assert (b.targets[row, :P - 1] == IGNORE_INDEX).all()
+        assert torch.equal(b.targets[row, P - 1:P - 1 + len(target)], target)
+        assert torch.equal(b.inputs[row, P:P - 1 + len(target)], target[:-1])
+    if len(source) and int(source[0]) in specials.modes.values():
+        continuation = int(source[0]) == specials.modes["S"]
+        source = source[1:]
+    if continuation:
+        return torch.cat([source, target]).tolist()
+    return reconstruct(source, target, specials)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_every_objective_on_random_lengths_rates_and_seeds(specials, seed):
     rng = random.Random(seed)
@@ -147,14 +169,18 @@ def test_every_objective_on_random_lengths_rates_and_seeds(specials, seed):
         w = windows_of(rng.randint(1, 5), T, specials, seed=rng.randint(0, 10 ** 6), with_specials=True)
         g = torch.Generator().manual_seed(rng.randint(0, 10 ** 6))
         rate = rng.uniform(0.05, 0.9)
+        mask_fraction = rng.uniform(0, 1)
+        settings = dict(mlm_rate=rate, mlm_mask_fraction=mask_fraction,
+                        mlm_random_fraction=rng.uniform(0, 1 - mask_fraction), noise_density=min(rate, 0.5),
+                        mean_span=rng.choice([1.0, 3.0, 8.0]),
+                        ul2_mixture=tuple(rng.choice([0.0, 0.2, 1.0]) for _ in range(2)) + (0.5,))
         for arch, names in O.OBJECTIVES_FOR_ARCH.items():
             for name in names:
                 if name == "span_corruption" and T < (5 if arch == "prefixlm" else 3):  # 2 tokens: 1 kept, 1 noise
                     with pytest.raises(ValueError, match="longer block"):  # nothing fits: a clear error
-                        O.make_batch(name, w, specials, g, arch)
+                        O.make_batch(name, w, specials, g, arch, **settings)
                     continue
-                b = O.make_batch(name, w, specials, g, arch, mlm_rate=rate, noise_density=min(rate, 0.5),
-                                 mean_span=rng.choice([1.0, 3.0, 8.0]))
+                b = O.make_batch(name, w, specials, g, arch, **settings)
                 assert b.inputs.size(0) == w.size(0)
                 assert b.inputs.size(1) <= T and b.targets.size(1) <= T
                 assert b.supervised_positions() >= (0 if name == "diffusion" else 1)  # t can mask nothing
@@ -164,10 +190,20 @@ def test_every_objective_on_random_lengths_rates_and_seeds(specials, seed):
                     assert b.decoder_inputs.shape == b.targets.shape
                 else:
                     assert b.targets.shape == b.inputs.shape
-                if name in ("mlm", "diffusion"):  # specials stay where they were
-                    special = w[:, :-1] >= specials.num_ordinary
-                    assert torch.equal(b.inputs[special], w[:, :-1][special])
+                if name in ("mlm", "diffusion"):  # specials stay where they were, never supervised
+                    x = w[:, :-1]
+                    special = x >= specials.num_ordinary
+                    assert torch.equal(b.inputs[special], x[special])
                     assert (b.targets[special] == IGNORE_INDEX).all()
+                    supervised = b.targets != IGNORE_INDEX
+                    assert torch.equal(b.targets[supervised], x[supervised])  # the original token
+                    assert torch.equal(b.inputs[~supervised], x[~supervised])  # unsupervised: untouched
+                elif name == "clm":
+                    assert torch.equal(b.targets, w[:, 1:])
+                else:  # span_corruption, prefix_lm, ul2: inputs + targets give back the window
+                    for row in range(w.size(0)):
+                        text = recovered_text(b, row, arch, specials, continuation=name == "prefix_lm")
+                        assert len(text) >= 2 and text == w[row, :len(text)].tolist(), (name, arch, T)
 
 
 def test_wrong_objective_for_arch_is_refused(specials):

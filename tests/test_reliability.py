@@ -50,12 +50,16 @@ def test_checkpoints_keep_latest_and_best(char_dataset, tmp_path):
     assert latest["iter_num"] == 12 and best["best_val_loss"] <= latest["best_val_loss"] + 1e-12
     for key in ("model", "optimizer", "config", "meta", "rng", "iter_num", "best_val_loss"):
         assert key in latest
-    assert set(latest["rng"]) >= {"numpy_data", "objective", "torch", "cuda"}
+    assert len(latest["rng"]) == 1 and set(latest["rng"][0]) >= {"python", "numpy_data", "objective", "torch", "cuda"}
+
+
+def fake_state(iteration, **extra):
+    return {**{key: None for key in train.CHECKPOINT_KEYS}, "iter_num": iteration, **extra}
 
 
 def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     path = str(tmp_path / "ckpt.pt")
-    train.save_checkpoint({"iter_num": 1, "weights": torch.ones(10)}, path)
+    train.save_checkpoint(fake_state(1, weights=torch.ones(10)), path)
 
     def broken_save(obj, f):  # writes half a file, then the process "dies"
         f.write(b"\x80\x02partial")
@@ -63,23 +67,27 @@ def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, "save", broken_save)
     with pytest.raises(KeyboardInterrupt):
-        train.save_checkpoint({"iter_num": 2}, path)
+        train.save_checkpoint(fake_state(2), path)
     monkeypatch.undo()
     assert train.load_checkpoint(path)["iter_num"] == 1
 
 
 def test_a_process_killed_while_saving_leaves_a_loadable_checkpoint(tmp_path):
     path = str(tmp_path / "ckpt.pt")
-    train.save_checkpoint({"iter_num": 1}, path)
+    train.save_checkpoint(fake_state(1), path)
+    # the new state is built before "saving" is printed, so the kill lands in the write of ~160 MB
     script = (f"import sys; sys.path.insert(0, {ROOT!r}); import torch, train\n"
+              f"state = {{**{{k: None for k in train.CHECKPOINT_KEYS}}, 'iter_num': 2, "
+              f"'weights': torch.randn(40_000_000)}}\n"
               f"print('saving', flush=True)\n"
-              f"train.save_checkpoint({{'iter_num': 2, 'weights': torch.randn(40_000_000)}}, {path!r})\n")
+              f"train.save_checkpoint(state, {path!r})\n")
     process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert process.stdout.readline().strip() == "saving"
-    time.sleep(0.2)
-    process.send_signal(signal.SIGKILL)  # wherever it is: before, during or after the write
+    time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
     process.wait()
-    assert train.load_checkpoint(path)["iter_num"] in (1, 2)
+    assert os.path.exists(path + ".tmp"), "the kill should have landed mid-write"
+    assert train.load_checkpoint(path)["iter_num"] == 1  # the previous checkpoint, intact
 
 
 def test_ctrl_c_saves_and_exits_zero_then_resume_continues(char_dataset, tmp_path):
@@ -120,8 +128,16 @@ def test_two_process_data_parallel_run(char_dataset, tmp_path):
                             cwd=ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("iter 5:") == 1  # only rank 0 logs
-    assert train.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"] == 6
+    assert "parameters identical on all 2 processes: True" in result.stdout  # gradients were averaged
+    checkpoint = train.load_checkpoint(os.path.join(out, "ckpt.pt"))
+    assert checkpoint["iter_num"] == 6 and len(checkpoint["rng"]) == 2  # each process's RNG state
+    assert checkpoint["rng"][0]["numpy_data"] != checkpoint["rng"][1]["numpy_data"]
     assert sorted(os.listdir(out)) == ["best.pt", "ckpt.pt", "log.jsonl"]
+    resumed = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                              os.path.join(ROOT, "train.py"), *args, "--init_from=resume", "--max_iters=8"],
+                             capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert train.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"] == 8
 
 
 def test_gradient_accumulation_must_divide_across_processes(char_dataset, tmp_path):

@@ -72,8 +72,17 @@ def test_short_windows_never_crash_or_produce_empty_spans(specials, arch):
             assert b.inputs.size(1) <= T and b.targets.size(1) <= T
             for name in O.UL2_DENOISERS:
                 source, target = O.ul2_example(w[0], name, specials, g, arch, T)
-                spans = [t for t in target.tolist() if t not in specials.sentinels and t != specials.eos]
-                assert len(spans) >= 1  # something to predict, every time
+                spans, current = [], None  # the target split at its sentinels
+                for t in target.tolist():
+                    if t in specials.sentinels:
+                        current = []
+                        spans.append(current)
+                    elif t != specials.eos and current is not None:
+                        current.append(t)
+                if source[0] == specials.modes["S"]:
+                    assert not spans and len(target) >= 1  # a continuation, never empty
+                else:
+                    assert spans and all(len(span) >= 1 for span in spans), (name, T, target)
 
 
 # ----------------------------------------------------------------------------- masked diffusion

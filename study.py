@@ -1,0 +1,384 @@
+"""
+The chapter's empirical claims at equal compute, on char-level Tiny Shakespeare.
+
+    python study.py                  # CPU scale: nanoGPT's CPU recipe size, ~15 minutes on 2 cores
+    python study.py --scale=gpu      # 6 layers x 384 dims, block 256, on one GPU
+    python study.py --quick          # a smoke run in seconds (the test suite runs it)
+
+1. Trains gpt, bert, prefixlm, t5 and a masked-diffusion bert to the *same training FLOPs* (forward + backward,
+   t5's encoder and decoder both counted) at about the same parameter count (t5 splits its layers between its
+   two stacks), then scores all of them on the same held-out windows with metrics that mean the same thing for
+   every architecture:
+     - bits per character of a window's second half given its first half (claim C4): exact chain rule for gpt,
+       prefixlm (first half as prefix) and t5 (first half to the encoder); for bert and the diffusion model the
+       chain rule with [MASK] placeholders for the not-yet-scored positions, a proper normalised density costing
+       one forward pass per position; for the diffusion model also its ELBO;
+     - cloze accuracy on single masked characters (claims B1, D1): bert/diffusion natively, t5 with a sentinel,
+       gpt from the left context only and by exact Bayes (every candidate scored by the window's likelihood:
+       V forward passes per blank);
+     - supervised positions seen during training and wall-clock time (claim C1).
+2. NoPE (claim D5): causal and bidirectional models without positional encoding learn to reverse a sequence.
+3. Attention rank (claim D3): numerical and effective rank of the trained gpt's and bert's attention matrices.
+4. Ablation (claim C2): BERT's 80/10/10 against 100% [MASK], measured at positions that are not [MASK].
+Writes study_results/study-<scale>.md (the table README shows) and .json.
+"""
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import objectives
+import train
+from configurator import UserError, apply_overrides, run_main
+from model import IGNORE_INDEX, ModelConfig, Transformer
+
+DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="study_results",
+                seed=1337, quiet=True)
+
+SCALES = {  # model size and the FLOPs budget, expressed as gpt iterations
+    "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, gpt_iters=2000, eval_windows=64,
+                bayes_windows=24, nope_steps=1500, eval_iters=20),
+    "gpu": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, gpt_iters=5000, eval_windows=256,
+                bayes_windows=32, nope_steps=3000, eval_iters=100),
+    "quick": dict(n_layer=1, n_head=2, n_embd=32, block_size=32, batch_size=4, gpt_iters=15, eval_windows=4,
+                  bayes_windows=2, nope_steps=10, eval_iters=2),
+}
+MODELS = [  # name, arch, objective, extra training settings
+    ("gpt", "gpt", "clm", {}),
+    ("bert", "bert", "mlm", {}),
+    ("prefixlm", "prefixlm", "prefix_lm", {}),
+    ("t5", "t5", "span_corruption", {}),
+    ("diffusion", "bert", "diffusion", {}),
+    ("bert-100%-mask", "bert", "mlm", {"mlm_mask_fraction": 1.0, "mlm_random_fraction": 0.0}),  # claim C2
+]
+LN2 = math.log(2)
+
+
+# ----------------------------------------------------------------------------- training at equal FLOPs
+
+def train_all(scale, config, device, meta):
+    s = SCALES[scale]
+    gpt = Transformer(ModelConfig(arch="gpt", vocab_size=meta["vocab_size"], block_size=s["block_size"], n_layer=s["n_layer"],
+                                  n_head=s["n_head"], n_embd=s["n_embd"], bias=False))
+    budget = s["gpt_iters"] * s["batch_size"] * gpt.training_flops(s["block_size"])
+    trained = {}
+    for name, arch, objective, extra in MODELS:
+        layers = dict(n_layer=s["n_layer"] // 2 or 1, n_decoder_layer=s["n_layer"] // 2 or 1) if arch == "t5" else {}
+        args = dict(arch=arch, objective=objective, dataset=config["dataset"], device=device,
+                    out_dir=os.path.join(config["out_dir"], "checkpoints", f"{scale}-{name}"), n_layer=s["n_layer"],
+                    n_head=s["n_head"], n_embd=s["n_embd"], block_size=s["block_size"], batch_size=s["batch_size"],
+                    dropout=0.0, bias=False, max_iters=10 ** 9, max_flops=float(budget),
+                    lr_decay_iters=s["gpt_iters"], warmup_iters=min(100, s["gpt_iters"] // 10),
+                    learning_rate=1e-3, min_lr=1e-4, beta2=0.99, eval_interval=10 ** 9, eval_iters=20,
+                    log_interval=10 ** 9, seed=config["seed"], quiet=config["quiet"])
+        args.update(**layers, **extra, eval_iters=s["eval_iters"])
+        run_config = train.resolve_config([f"--{k}={v}" for k, v in args.items()])
+        # every model decays its learning rate over its own share of the budget: its own iteration count
+        per_step = s["batch_size"] * estimate_step_flops(run_config, s, meta)
+        run_config["lr_decay_iters"] = int(budget / per_step) + 1
+        t0 = time.perf_counter()
+        result = train.train(run_config)
+        result["seconds"] = time.perf_counter() - t0
+        result["objective"] = objective
+        print(f"trained {name}: {result['iter_num']} iterations, {result['flops'] / 1e12:.2f} TFLOP, "
+              f"{result['seconds']:.0f} s, val loss {result['val_loss']:.4f} ({objective})", flush=True)
+        trained[name] = result
+    return trained, budget
+
+
+def estimate_step_flops(config, s, meta):
+    """FLOPs of one example's step, from a batch the objective really produces (t5's lengths depend on it)."""
+    model = Transformer(train.model_config(config, vocab_size=meta["vocab_size"]))
+    specials = objectives.Specials.from_meta(meta)
+    windows = torch.randint(0, specials.num_ordinary, (8, s["block_size"] + 1))
+    batch = train.batch_for(config, windows, specials, torch.Generator().manual_seed(0))
+    dec = batch.decoder_inputs.size(1) if batch.decoder_inputs is not None else 0
+    return model.training_flops(batch.inputs.size(1), dec)
+
+
+# ----------------------------------------------------------------------------- common metrics
+
+def text_log_probs(logits, num_ordinary):
+    """Log-probabilities over the text characters only: every model is scored as a distribution over text."""
+    return torch.log_softmax(logits[..., :num_ordinary].float(), dim=-1)
+
+
+@torch.no_grad()
+def second_half_bits(name, model, windows, specials, generator):
+    """Bits per character of windows[:, H:] given windows[:, :H] (H = T/2). Returns (bits, extra dict)."""
+    N, T = windows.shape
+    H = T // 2
+    V = specials.num_ordinary
+    arch, device = model.config.arch, windows.device
+    targets = windows[:, H:]  # (N, T - H)
+    if arch in ("gpt", "prefixlm"):
+        prefix = torch.full((N,), H, device=device) if arch == "prefixlm" else None
+        logp = text_log_probs(model(windows[:, :-1], prefix_length=prefix)[0][:, H - 1:], V)
+        nll = -logp.gather(-1, targets[..., None]).sum()
+        return (nll / targets.numel() / LN2).item(), {}
+    if arch == "t5":  # the first half to the encoder, the second half as the span after sentinel <S0>
+        sentinel, eos = specials.sentinels[0], specials.eos
+        column = lambda token: torch.full((N, 1), token, device=device)  # noqa: E731
+        encoder = torch.cat([windows[:, :H], column(sentinel), column(eos)], dim=1)
+        decoder = torch.cat([column(specials.pad), column(sentinel), targets[:, :-1]], dim=1)
+        logp = text_log_probs(model(encoder, decoder_inputs=decoder)[0][:, 1:], V)
+        nll = -logp.gather(-1, targets[..., None]).sum()
+        return (nll / targets.numel() / LN2).item(), {}
+    # bidirectional: chain rule left to right, [MASK] on every position not scored yet (one pass per position)
+    nll = 0.0
+    for k in range(H, T):
+        inputs = windows.clone()
+        inputs[:, k:] = specials.mask
+        logp = text_log_probs(model(inputs)[0][:, k], V)
+        nll -= logp.gather(-1, windows[:, k:k + 1]).sum().item()
+    extra = {}
+    if name == "diffusion":  # the ELBO of the second half: t ~ U(0,1), mask with prob t, weight 1/t
+        samples, total = 32, 0.0
+        for _ in range(samples):
+            t = torch.rand(N, 1, generator=generator).clamp(min=1e-3).to(device)
+            masked = torch.zeros_like(windows, dtype=torch.bool)
+            masked[:, H:] = torch.rand(N, T - H, generator=generator).to(device) < t
+            inputs = torch.where(masked, specials.mask, windows)
+            logp = text_log_probs(model(inputs)[0], V).gather(-1, windows[..., None])[..., 0]
+            total += (-(logp * masked) / t).sum().item()
+        extra["elbo_bits"] = total / samples / targets.numel() / LN2
+    return nll / targets.numel() / LN2, extra
+
+
+@torch.no_grad()
+def cloze_accuracy(name, model, windows, blanks, specials, bayes_windows):
+    """Accuracy on single blanked characters (the rest of the window intact). blanks: (N, k) positions >= 1."""
+    N, T = windows.shape
+    V = specials.num_ordinary
+    arch, device = model.config.arch, windows.device
+    truth = windows.gather(1, blanks)  # (N, k)
+    k = blanks.size(1)
+    rows = torch.arange(N * k, device=device)
+    results = {}
+    if arch in ("bert",):
+        inputs = windows.repeat_interleave(k, 0)  # one copy per blank
+        inputs[rows, blanks.flatten()] = specials.mask
+        predicted = text_log_probs(model(inputs)[0][rows, blanks.flatten()], V).argmax(-1)
+        results["both sides"] = (predicted == truth.flatten()).float().mean().item()
+    elif arch == "t5":
+        inputs = windows.repeat_interleave(k, 0)
+        inputs[rows, blanks.flatten()] = specials.sentinels[0]
+        encoder = torch.cat([inputs, torch.full((N * k, 1), specials.eos, device=device)], dim=1)
+        decoder = torch.tensor([[specials.pad, specials.sentinels[0]]], device=device).expand(N * k, -1)
+        predicted = text_log_probs(model(encoder, decoder_inputs=decoder)[0][:, 1], V).argmax(-1)
+        results["both sides"] = (predicted == truth.flatten()).float().mean().item()
+    else:  # left context only: the logits just before the blank
+        if arch == "prefixlm":  # everything before the blank is a bidirectional prefix
+            inputs = windows.repeat_interleave(k, 0)
+            logits = model(inputs[:, :-1], prefix_length=blanks.flatten())[0]
+            predicted = text_log_probs(logits[rows, blanks.flatten() - 1], V).argmax(-1)
+        else:
+            logits = model(windows[:, :-1])[0]
+            predicted = text_log_probs(logits.gather(1, (blanks - 1)[..., None].expand(-1, -1, logits.size(-1))),
+                                       V).argmax(-1).flatten()
+        results["left only"] = (predicted == truth.flatten()).float().mean().item()
+        if arch == "gpt":  # exact Bayes: p(c | both sides) is proportional to p(window with c); V passes per blank
+            correct = total = 0
+            for n in range(min(N, bayes_windows)):
+                for j in range(k):
+                    candidates = windows[n].repeat(V, 1)
+                    candidates[:, blanks[n, j]] = torch.arange(V, device=device)
+                    logp = text_log_probs(model(candidates[:, :-1])[0], V)
+                    score = logp.gather(-1, candidates[:, 1:, None])[..., 0].sum(-1)
+                    correct += int(score.argmax() == truth[n, j])
+                    total += 1
+            results["both sides (exact Bayes)"] = correct / total
+    return results
+
+
+# ----------------------------------------------------------------------------- claim C2: the ablation
+
+@torch.no_grad()
+def non_mask_positions(model, windows, specials, generator):
+    """Prediction quality where the input is not [MASK]: 15% of characters replaced by a random one (no [MASK]
+    anywhere): accuracy at the replaced positions (recover the original) and at untouched ones (identity)."""
+    V = specials.num_ordinary
+    chosen = (torch.rand(windows.shape, generator=generator) < 0.15).to(windows.device)
+    random_tokens = torch.randint(0, V, windows.shape, generator=generator).to(windows.device)
+    replaced = chosen & (random_tokens != windows)
+    inputs = torch.where(replaced, random_tokens, windows)
+    predicted = text_log_probs(model(inputs)[0], V).argmax(-1)
+    correct = predicted == windows
+    masked_inputs = torch.where(chosen, specials.mask, windows)
+    at_mask = text_log_probs(model(masked_inputs)[0], V).argmax(-1) == windows
+    return {"at [MASK]": at_mask[chosen].float().mean().item(),
+            "at replaced characters": correct[replaced].float().mean().item(),
+            "at untouched characters": correct[~chosen].float().mean().item()}
+
+
+# ----------------------------------------------------------------------------- claim D5: NoPE
+
+def nope_experiment(steps, device, seed):
+    """Reverse 8 digits: `d1..d8 SEP d8..d1`. The causal model is trained left to right on the whole sequence; the
+    bidirectional one sees `d1..d8 SEP [MASK]x8` and fills the masks. Accuracy on the reversed digits."""
+    digits, SEP, MASK, n = 10, 10, 11, 8
+    results = {}
+    for name, arch, position in (("causal, NoPE", "gpt", "none"), ("bidirectional, NoPE", "bert", "none"),
+                                 ("causal, learned positions", "gpt", "learned"),
+                                 ("bidirectional, learned positions", "bert", "learned")):
+        torch.manual_seed(seed)
+        model = Transformer(ModelConfig(arch=arch, vocab_size=12, block_size=2 * n + 1, n_layer=2, n_head=4,
+                                        n_embd=64, position=position, dropout=0.0)).to(device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        g = torch.Generator().manual_seed(seed)
+
+        def batch(size):
+            x = torch.randint(0, digits, (size, n), generator=g)
+            sequence = torch.cat([x, torch.full((size, 1), SEP), x.flip(1)], dim=1)
+            if arch == "gpt":
+                targets = sequence[:, 1:].clone()
+                targets[:, :n] = IGNORE_INDEX  # loss on the reversed part only
+                return sequence[:, :-1].to(device), targets.to(device)
+            inputs = sequence.clone()
+            inputs[:, n + 1:] = MASK
+            targets = torch.full_like(sequence, IGNORE_INDEX)
+            targets[:, n + 1:] = sequence[:, n + 1:]
+            return inputs.to(device), targets.to(device)
+
+        for _ in range(steps):
+            _, loss = model(*batch(64))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        model.eval()
+        with torch.no_grad():
+            inputs, targets = batch(1000)
+            predicted = model(inputs)[0].argmax(-1)
+            scored = targets != IGNORE_INDEX
+            results[name] = (predicted[scored] == targets[scored]).float().mean().item()
+    # what an order-blind model can reach: the same digit at every position, the input's most frequent one
+    x = inputs[:, :n].cpu()  # the digits of the last evaluation batch
+    counts = F.one_hot(x, digits).sum(1)  # (1000, 10)
+    results["order-blind ceiling (most frequent digit everywhere)"] = (counts.max(1).values / n).float().mean().item()
+    return results
+
+
+# ----------------------------------------------------------------------------- claim D3: attention rank
+
+@torch.no_grad()
+def attention_ranks(model, windows):
+    """Per layer: mean numerical rank (of T) and mean effective rank (exp of the entropy of the normalised
+    singular values, Roy & Vetterli 2007) of the attention matrices, over heads and windows."""
+    rows = []
+    for probabilities in model.attention_maps(windows):  # (N, nh, T, T)
+        P = probabilities.double().flatten(0, 1)
+        singular = torch.linalg.svdvals(P)
+        p = singular / singular.sum(-1, keepdim=True)
+        effective = torch.exp(-(p * torch.log(p.clamp(min=1e-30))).sum(-1))
+        rows.append({"numerical": torch.linalg.matrix_rank(P).double().mean().item(),
+                     "effective": effective.mean().item()})
+    return rows
+
+
+# ----------------------------------------------------------------------------- the study
+
+def main():
+    config = apply_overrides(DEFAULTS, sys.argv[1:])
+    scale = "quick" if config["quick"] else config["scale"]
+    if scale not in SCALES:
+        raise UserError(f"unknown --scale={scale}: cpu or gpu (or --quick)")
+    device = train.pick_device(config["device"])
+    torch.manual_seed(config["seed"])
+    s = SCALES[scale]
+    t0 = time.perf_counter()
+    splits, meta = train.load_dataset(config["dataset"], s["block_size"], prepare_if_missing=True)
+    trained, budget = train_all(scale, config, device, meta)
+    specials = objectives.Specials.from_meta(meta)
+    rng = np.random.default_rng(config["seed"] + 7)
+    # block_size - 1 characters: room for the EOS that t5 expects after its input
+    windows = train.get_windows(splits["val"], s["eval_windows"], s["block_size"] - 2, rng).to(device)
+    N, T = windows.shape
+    k = max(1, round(0.15 * (T - 1)))
+    blanks = torch.stack([torch.randperm(T - 1, generator=torch.Generator().manual_seed(i))[:k] + 1
+                          for i in range(N)]).sort(dim=1).values.to(device)
+
+    rows, data = [], {"scale": scale, "device": device, "budget_flops": budget, "models": {}}
+    for name, result in trained.items():
+        model = result["model"].eval()
+        generator = torch.Generator().manual_seed(config["seed"])
+        bits, extra = second_half_bits(name, model, windows, specials, generator)
+        cloze = cloze_accuracy(name, model, windows, blanks, specials, s["bayes_windows"])
+        entry = {"arch": model.config.arch, "objective": result["objective"],
+                 "parameters": model.num_parameters(), "iterations": result["iter_num"], "flops": result["flops"],
+                 "seconds": result["seconds"], "supervised_seen": result["supervised_seen"],
+                 "tokens_seen": result["tokens_seen"], "val_loss": result["val_loss"],
+                 "second_half_bits_per_char": bits, "cloze": cloze, **extra}
+        data["models"][name] = entry
+        cloze_text = ", ".join(f"{kind} {100 * value:.1f}%" for kind, value in cloze.items())
+        elbo = f" (ELBO {extra['elbo_bits']:.3f})" if "elbo_bits" in extra else ""
+        rows.append([name, result["objective"], f"{entry['parameters'] / 1e6:.2f}M", entry["iterations"],
+                     f"{entry['flops'] / 1e12:.2f}", f"{entry['supervised_seen']:,}", f"{entry['seconds']:.0f}",
+                     f"{entry['val_loss']:.3f}", f"{bits:.3f}{elbo}", cloze_text])
+    g = torch.Generator().manual_seed(config["seed"])
+    ablation = {name: non_mask_positions(trained[name]["model"], windows, specials, g)
+                for name in ("bert", "bert-100%-mask")}
+    ranks = {name: attention_ranks(trained[name]["model"], windows[:16]) for name in ("gpt", "bert")}
+    nope = nope_experiment(s["nope_steps"], device, config["seed"])
+    data.update(ablation=ablation, attention_rank=ranks, nope=nope, seconds=time.perf_counter() - t0)
+
+    gpt_bits = data["models"]["gpt"]["val_loss"] / LN2
+    diffusion_bits = data["models"]["diffusion"]["val_loss"] / LN2
+    lines = [f"Equal-compute study, scale `{scale}` ({s['n_layer']} layers x {s['n_embd']} dims, block "
+             f"{s['block_size']}, batch {s['batch_size']}), budget {budget / 1e12:.2f} TFLOP per model (= "
+             f"{s['gpt_iters']} gpt iterations), device {device}, {N} held-out windows. Whole run "
+             f"{data['seconds'] / 60:.1f} min.", "",
+             "| model | objective | params | iters | TFLOP | supervised positions | train s | val loss (own units) "
+             "| bits/char, 2nd half given 1st | cloze accuracy |", "|" + "---|" * 10]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    lines += ["", f"Validation loss as bits/char: gpt exact NLL {gpt_bits:.3f}, diffusion ELBO (upper bound on its "
+                  f"NLL) {diffusion_bits:.3f}.", "",
+              "Claim C2, prediction where the input is not [MASK] (accuracy):", "",
+              "| model | at [MASK] | at replaced characters | at untouched characters |", "|---|---|---|---|"]
+    lines += [f"| {name} | " + " | ".join(f"{100 * v:.1f}%" for v in values.values()) + " |"
+              for name, values in ablation.items()]
+    lines += ["", f"Claim D5, reversing 8 digits ({s['nope_steps']} steps):", "",
+              "| model | accuracy |", "|---|---|"]
+    lines += [f"| {name} | {100 * value:.1f}% |" for name, value in nope.items()]
+    lines += ["", f"Claim D3, attention rank of the trained models (T = {T}; numerical / effective, mean over heads):",
+              "", "| layer | gpt | bert |", "|---|---|---|"]
+    lines += [f"| {i} | {g_['numerical']:.1f} / {g_['effective']:.1f} | {b_['numerical']:.1f} / {b_['effective']:.1f} |"
+              for i, (g_, b_) in enumerate(zip(ranks["gpt"], ranks["bert"]))]
+    text = "\n".join(lines)
+    print("\n" + text)
+    os.makedirs(config["out_dir"], exist_ok=True)
+    with open(os.path.join(config["out_dir"], f"study-{scale}.md"), "w") as f:
+        f.write(text + "\n")
+    with open(os.path.join(config["out_dir"], f"study-{scale}.json"), "w") as f:
+        json.dump(data, f, indent=1)
+    plot(data, os.path.join(config["out_dir"], f"study-{scale}.png"))
+
+
+def plot(data, path):
+    """Bits/char of the second half and cloze accuracy per model, when matplotlib is installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    names = list(data["models"])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.bar(names, [data["models"][n]["second_half_bits_per_char"] for n in names])
+    left.set_ylabel("bits/char, second half given the first")
+    cloze = [(f"{n}: {kind}", value) for n in names for kind, value in data["models"][n]["cloze"].items()]
+    right.barh([c[0] for c in cloze], [100 * c[1] for c in cloze])
+    right.set_xlabel("cloze accuracy (%)")
+    for axis in (left,):
+        axis.tick_params(axis="x", rotation=30)
+    fig.suptitle(f"Equal compute ({data['budget_flops'] / 1e12:.1f} TFLOP each), scale {data['scale']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    run_main(main)
