@@ -57,13 +57,14 @@ def median_time(fn, device, repeats=5, warmup=2):
     return sorted(times)[len(times) // 2]
 
 
-def matmul_flops_per_second(device, dtype=torch.float32, size=None, repeats=5):
-    """The machine's measured dense matmul rate: the ceiling MFU is reported against."""
+def matmul_flops_per_second(device, dtype=torch.float32, size=None, repeats=10):
+    """The machine's measured dense matmul rate: the ceiling MFU is reported against (median of 10: a CPU's
+    clock wanders, and a ceiling from too few samples makes MFU jump between runs)."""
     size = size or (8192 if str(device).startswith("cuda") else 2048)
     generator = torch.Generator(device=device).manual_seed(0)  # private: never disturb the global RNG
     a = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
     b = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
-    return 2 * size ** 3 / median_time(lambda: a @ b, device, repeats=repeats)
+    return 2 * size ** 3 / median_time(lambda: a @ b, device, repeats=repeats, warmup=3)
 
 
 def copy_bandwidth(device, megabytes=256, repeats=5):
@@ -121,7 +122,8 @@ def autocast_for(device, dtype):
 # ----------------------------------------------------------------------------- sections
 
 def bench_ceilings(device, s, repeats, results):
-    flops = matmul_flops_per_second(device, s["dtype"], size=512 if s["n_embd"] < 128 else None, repeats=repeats)
+    flops = matmul_flops_per_second(device, s["dtype"], size=512 if s["n_embd"] < 128 else None,
+                                    repeats=max(10, repeats))
     bandwidth = copy_bandwidth(device, 32 if s["n_embd"] < 128 else 256, repeats)
     results["ceilings"] = {"matmul_flops": flops, "dtype": str(s["dtype"]), "copy_bandwidth": bandwidth}
     return table("1. Ceilings of this machine", ["measure", "value"],

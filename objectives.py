@@ -111,7 +111,11 @@ def diffusion(windows, specials, generator, eps=1e-3, rate=None):
     positions. In expectation that is the ELBO, an upper bound on -log p(x) (claim C4). `rate` fixes t (tests)."""
     x = windows[:, :-1]
     B, T = x.shape
-    t = torch.full((B, 1), float(rate)) if rate is not None else eps + (1 - eps) * torch.rand(B, 1, generator=generator)
+    if rate is not None:
+        t = torch.full((B, 1), float(rate))
+    else:  # stratified over the batch (MDLM's low-discrepancy sampler): same expectation, less gradient noise
+        u = (torch.rand(1, generator=generator) + torch.arange(B)[:, None] / B) % 1.0
+        t = eps + (1 - eps) * u
     masked = (torch.rand(B, T, generator=generator) < t) & (x < specials.num_ordinary)
     return Batch(inputs=torch.where(masked, specials.mask, x), targets=torch.where(masked, x, IGNORE_INDEX),
                  loss_weights=masked.float() / t)

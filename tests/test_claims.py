@@ -159,3 +159,31 @@ def test_prefix_lm_flattened_is_encoder_decoder_and_the_difference_is_parameters
           f"({2 * one_block:,}), cross-attention ({2 * cross:,}) and a norm ({2 * 16})")
     assert t5.num_parameters() - prefixlm.num_parameters() == 2 * one_block + 2 * cross + 2 * 16
     assert type(t5.decoder_blocks[0]) is type(prefixlm.blocks[0])
+
+
+def test_mlm_predicts_masked_positions_independently():
+    """Claim C3: BERT scores the masked positions with independent softmaxes, i.e. it approximates
+    p(masked | visible) by a product. Data where two positions are always equal ("a a" or "b b"): masking both,
+    the product puts ~1/4 of the mass on each of the impossible pairs "a b" and "b a"; a causal model does not."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    bert, gpt = tiny("bert", 4, block=2), tiny("gpt", 4, block=3)
+    optimizer = torch.optim.AdamW(list(bert.parameters()) + list(gpt.parameters()), lr=2e-2)
+    for _ in range(150):
+        x = torch.randint(0, 2, (32, 1), generator=g).repeat(1, 2)  # (a, a) or (b, b)
+        _, bert_loss = bert(torch.full_like(x, MASK), x)  # both masked
+        _, gpt_loss = gpt(torch.cat([torch.full((32, 1), BOS), x[:, :1]], 1), x)  # BOS a -> a a
+        (bert_loss + gpt_loss).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    with torch.no_grad():
+        marginals = torch.softmax(bert.eval()(torch.full((1, 2), MASK))[0][0, :, :2], dim=-1)  # (2 positions, 2)
+        impossible_bert = (marginals[0, 0] * marginals[1, 1] + marginals[0, 1] * marginals[1, 0]).item()
+        pairs = torch.tensor([[0, 1], [1, 0]])
+        inputs = torch.cat([torch.full((2, 1), BOS), pairs[:, :1]], 1)
+        log_p = torch.log_softmax(gpt.eval()(inputs)[0][..., :2], dim=-1).gather(-1, pairs[..., None])[..., 0]
+        impossible_gpt = log_p.sum(-1).exp().sum().item()  # p("a b") + p("b a") by the chain rule
+    print(f"mass on impossible pairs: bert (product of marginals) {impossible_bert:.3f}, gpt (chain rule) "
+          f"{impossible_gpt:.4f}")
+    assert impossible_bert > 0.4  # ~0.5: the factorised prediction cannot represent "equal"
+    assert impossible_gpt < 0.05
