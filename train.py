@@ -348,7 +348,8 @@ def train(config):
     if master:
         try:
             os.makedirs(out_dir, exist_ok=True)
-            log_file = open(os.path.join(out_dir, "log.jsonl"), "a")
+            # a resumed run continues its log; a new run starts its own
+            log_file = open(os.path.join(out_dir, "log.jsonl"), "a" if config["init_from"] == "resume" else "w")
         except OSError as e:
             raise UserError(f"cannot write to --out_dir={out_dir} ({e.strerror}): choose another folder") from None
 
