@@ -361,9 +361,16 @@ def main():
         raise UserError("--repeats must be at least 1")
     device = pick_device(config["device"])
     s = sizes(device, config["quick"])
-    repeats = 2 if config["quick"] else config["repeats"]
     name = "cuda" if device.startswith("cuda") else device
     out = config["out"] or os.path.join("bench_results", f"bench-{name}{'-quick' if config['quick'] else ''}.json")
+    try:  # find out now, not after the whole run, if the results cannot be written
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out + ".tmp", "w"):
+            pass
+        os.remove(out + ".tmp")
+    except OSError as e:
+        raise UserError(f"cannot write --out={out} ({e.strerror}): choose another path")
+    repeats = 2 if config["quick"] else config["repeats"]
     machine = torch.cuda.get_device_name(device) if device.startswith("cuda") else \
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
     print(f"## bench.py on {device} ({machine}), torch {torch.__version__}; model {s['n_layer']} layers x "
@@ -376,7 +383,6 @@ def main():
         if section != "ceilings":
             texts.append(globals()[f"bench_{section}"](device, s, repeats, results))
     results["seconds"] = time.perf_counter() - t0
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out + ".tmp", "w") as f:
         json.dump(results, f, indent=1)
     os.replace(out + ".tmp", out)

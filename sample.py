@@ -50,7 +50,11 @@ class Tokenizer:
             self.stoi, self.itos = meta["stoi"], meta["itos"]
         else:
             import tiktoken
-            self.encoding = tiktoken.get_encoding(meta["tokenizer"])
+            try:
+                self.encoding = tiktoken.get_encoding(meta["tokenizer"])
+            except Exception as e:
+                raise UserError(f"tiktoken could not load the {meta['tokenizer']} encoding ({type(e).__name__}); "
+                                "offline, set TIKTOKEN_CACHE_DIR to a folder holding its files") from None
 
     def encode(self, text):
         if self.meta["tokenizer"] != "char":
@@ -151,6 +155,8 @@ def main():
             raise UserError(f"--{key} must be at least 1, got {config[key]}")
     if config["temperature"] < 0 or config["top_k"] < 0 or config["block_length"] < 0:
         raise UserError("--temperature, --top_k and --block_length must not be negative")
+    if 0 < config["temperature"] < 1e-3:
+        raise UserError(f"--temperature={config['temperature']} is too small to sample with: use 0 for greedy")
     if config["order"] not in ("confident", "random"):
         raise UserError(f"--order={config['order']}: choose confident or random")
     device = pick_device(config["device"])

@@ -75,14 +75,20 @@ def train_all(scale, config, device, meta):
                     dropout=0.0, bias=False, max_iters=10 ** 9, max_flops=float(budget),
                     lr_decay_iters=s["gpt_iters"], warmup_iters=min(100, s["gpt_iters"] // 10),
                     learning_rate=1e-3, min_lr=1e-4, beta2=0.99, eval_interval=10 ** 9, eval_iters=20,
-                    log_interval=10 ** 9, seed=config["seed"], quiet=config["quiet"])
+                    log_interval=10 ** 9, seed=config["seed"], quiet=config["quiet"], overwrite=True)
         args.update(**layers, **extra, eval_iters=s["eval_iters"])
         run_config = train.resolve_config([f"--{k}={v}" for k, v in args.items()])
         # every model decays its learning rate over its own share of the budget: its own iteration count
         per_step = s["batch_size"] * estimate_step_flops(run_config, s, meta)
         run_config["lr_decay_iters"] = int(budget / per_step) + 1
         t0 = time.perf_counter()
-        result = train.train(run_config)
+        try:
+            result = train.train(run_config)
+        except train.TrainingDiverged as e:
+            raise UserError(f"{name} diverged: {e}") from None
+        if result["interrupted"]:
+            raise UserError(f"interrupted while training {name}: no results written (its checkpoint is in "
+                            f"{run_config['out_dir']})")
         result["seconds"] = time.perf_counter() - t0
         result["objective"] = objective
         print(f"trained {name}: {result['iter_num']} iterations, {result['flops'] / 1e12:.2f} TFLOP, "
@@ -287,6 +293,8 @@ def main():
     scale = "quick" if config["quick"] else config["scale"]
     if scale not in SCALES:
         raise UserError(f"unknown --scale={scale}: cpu or gpu (or --quick)")
+    if config["seed"] < 0:
+        raise UserError("--seed must not be negative")
     device = train.pick_device(config["device"])
     torch.manual_seed(config["seed"])
     s = SCALES[scale]

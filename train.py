@@ -36,7 +36,8 @@ DEFAULTS = dict(
     dataset="shakespeare_char",  # a folder of data/ holding train.bin, val.bin, meta.pkl
     out_dir="",                 # "" = out-<arch>
     init_from="scratch",        # scratch | resume (from out_dir/ckpt.pt)
-    preset="",                  # a model size from model.PRESETS (e.g. gpt2, bert-base, t5-small); "" = the keys below
+    preset="",                  # a model *shape* from model.PRESETS (gpt2, bert-base, t5-small, cpu-*): it sets the
+                                # layers/heads/dims/block (winning over those keys); --arch still picks the architecture
     # model
     n_layer=6, n_decoder_layer=0, n_head=6, n_embd=384, block_size=256, dropout=0.2, bias=False,
     position="learned",         # learned | rope | none (NoPE, claim D5)
@@ -48,6 +49,7 @@ DEFAULTS = dict(
     weight_decay=0.1, beta1=0.9, beta2=0.99, grad_clip=1.0,
     # evaluation, logging, checkpoints
     eval_interval=250, eval_iters=200, log_interval=10, eval_only=False, always_save_checkpoint=True,
+    overwrite=False,            # a new run into an out_dir that holds a checkpoint: refused unless True
     # system
     device="auto",              # auto | cpu | cuda | cuda:N | mps
     dtype="auto",               # auto (bfloat16 on CUDA, else float32) | float32 | bfloat16 | float16
@@ -101,6 +103,10 @@ def check_config(config):
         raise UserError("--ul2_mixture must be three non-negative weights (S, R, X), e.g. (0.5,0.25,0.25)")
     if config["learning_rate"] <= 0 or config["min_lr"] < 0:
         raise UserError("--learning_rate must be > 0 and --min_lr >= 0")
+    if config["weight_decay"] < 0 or not 0 <= config["beta1"] < 1 or not 0 <= config["beta2"] < 1:
+        raise UserError("need --weight_decay >= 0 and 0 <= --beta1, --beta2 < 1")
+    if config["seed"] < 0 or config["grad_clip"] < 0 or config["max_flops"] < 0:
+        raise UserError("--seed, --grad_clip and --max_flops must not be negative")
     if config["dtype"] not in ("auto", "float32", "bfloat16", "float16"):
         raise UserError(f"unknown --dtype={config['dtype']}: auto, float32, bfloat16 or float16")
     try:
@@ -120,11 +126,18 @@ def pick_device(name):
         if torch.cuda.is_available():
             return "cuda"
         return "mps" if torch.backends.mps.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"unknown --device={name}: auto, cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device={name} but CUDA is not available here: use --device=cpu (or auto)")
-    if name == "mps" and not torch.backends.mps.is_available():
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UserError(f"--device={name} but this machine has {torch.cuda.device_count()} GPU(s): cuda:0 .. "
+                        f"cuda:{torch.cuda.device_count() - 1}")
+    if device.type == "mps" and not torch.backends.mps.is_available():
         raise UserError("--device=mps but MPS is not available here: use --device=cpu (or auto)")
-    if name != "cpu" and not name.startswith(("cuda", "mps")):
+    if device.type not in ("cpu", "cuda", "mps"):
         raise UserError(f"unknown --device={name}: auto, cpu, cuda, cuda:N or mps")
     return name
 
@@ -225,9 +238,10 @@ def check_resume(config, checkpoint, meta):
         if saved[key] != config[key]:
             raise UserError(f"cannot resume: --{key}={config[key]} but the checkpoint in {config['out_dir']} has "
                             f"{key}={saved[key]}; pass --{key}={saved[key]} (or a new --out_dir)")
-    if checkpoint["meta"]["vocab_size"] != meta["vocab_size"]:
-        raise UserError(f"cannot resume: dataset {config['dataset']} has vocabulary {meta['vocab_size']} but the "
-                        f"checkpoint's is {checkpoint['meta']['vocab_size']}; use the checkpoint's dataset")
+    saved_meta = checkpoint["meta"]
+    if any(saved_meta.get(k) != meta.get(k) for k in ("vocab_size", "tokenizer", "itos")):
+        raise UserError(f"cannot resume: the vocabulary of dataset {config['dataset']} ({meta['vocab_size']} tokens) "
+                        f"is not the checkpoint's ({saved_meta['vocab_size']} tokens); use the checkpoint's dataset")
 
 
 # ----------------------------------------------------------------------------- schedule and evaluation
@@ -287,8 +301,18 @@ def train(config):
     device = pick_device(config["device"])
     if ddp and device.startswith("cuda"):
         device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+        torch.cuda.set_device(device)  # NCCL's object collectives use the current device
     master = rank == 0
     log = print if master and not config["quiet"] else (lambda *a, **k: None)
+    out_dir = config["out_dir"]
+    checkpoint_path = os.path.join(out_dir, "ckpt.pt")
+    if config["init_from"] == "resume":
+        checkpoint = load_checkpoint(checkpoint_path)  # before anything is prepared or written
+    else:
+        checkpoint = None
+        if os.path.exists(checkpoint_path) and not config["overwrite"]:
+            raise UserError(f"{out_dir} already holds a checkpoint: --init_from=resume to continue it, "
+                            f"--overwrite=True to start over, or another --out_dir")
 
     if ddp and not master:
         dist.barrier()  # let rank 0 prepare the dataset first
@@ -298,10 +322,7 @@ def train(config):
         if ddp and master:
             dist.barrier()
     specials = objectives.Specials.from_meta(meta)
-    out_dir = config["out_dir"]
-    checkpoint = None
-    if config["init_from"] == "resume":
-        checkpoint = load_checkpoint(os.path.join(out_dir, "ckpt.pt"))
+    if checkpoint is not None:
         check_resume(config, checkpoint, meta)
 
     device_type = "cuda" if device.startswith("cuda") else device
@@ -344,31 +365,51 @@ def train(config):
     peak_flops = matmul_flops_per_second(device, torch.bfloat16 if dtype == "bfloat16" else torch.float32)
     log(f"{describe(raw_model)}; objective {config['objective']}; device {device} ({dtype}); "
         f"measured matmul peak {peak_flops / 1e12:.3f} TFLOP/s")
-    log_file = None
+    log_file, error = None, None
     if master:
         try:
             os.makedirs(out_dir, exist_ok=True)
             # a resumed run continues its log; a new run starts its own
             log_file = open(os.path.join(out_dir, "log.jsonl"), "a" if config["init_from"] == "resume" else "w")
         except OSError as e:
-            raise UserError(f"cannot write to --out_dir={out_dir} ({e.strerror}): choose another folder") from None
+            error = f"cannot write to --out_dir={out_dir} ({e.strerror}): choose another folder"
+    if ddp:  # every process learns about rank 0's failure, rather than waiting for it forever
+        shared = [error]
+        dist.broadcast_object_list(shared, src=0)
+        error = shared[0]
+    if error:
+        raise UserError(error)
 
     # Ctrl-C (SIGINT), or torchrun/a cluster stopping us (SIGTERM): finish the step, save, exit cleanly
     interrupted = []
-    handlers = {sig: signal.signal(sig, lambda *_: interrupted.append(True)) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def on_signal(signum, frame):
+        if interrupted:  # a second Ctrl-C: stop now, without saving
+            raise KeyboardInterrupt
+        interrupted.append(True)
+        if master:
+            print("stopping after this step to save a checkpoint (Ctrl-C again to quit without saving)", flush=True)
+
+    handlers = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     pending_losses = []  # (iteration, loss tensor): read back only at log/save time, to avoid a sync per step
 
+    def last_good():
+        return checkpoint_path if os.path.exists(checkpoint_path) else "none written yet"
+
     def check_losses():
-        if not pending_losses:
-            return
-        values = torch.stack([loss for _, loss in pending_losses]).tolist()
-        for (it, _), value in zip(pending_losses, values):
-            if not math.isfinite(value):
-                last = os.path.join(out_dir, "ckpt.pt")
-                last = last if os.path.exists(last) else "none written yet"
-                raise TrainingDiverged(f"loss became {value} at iteration {it}; stopped without saving. "
-                                       f"Last good checkpoint: {last} (lower --learning_rate and resume)")
-            if log_file:
+        """Read back the pending losses; stop every process at the first non-finite one."""
+        values = torch.stack([loss for _, loss in pending_losses]).tolist() if pending_losses else []
+        bad = [it for (it, _), value in zip(pending_losses, values) if not math.isfinite(value)]
+        first_bad = float(bad[0]) if bad else math.inf
+        if ddp:  # one process's divergence stops them all, at the same point
+            flag = torch.tensor([first_bad], dtype=torch.float64, device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            first_bad = flag.item()
+        if math.isfinite(first_bad):
+            raise TrainingDiverged(f"the loss became non-finite at iteration {int(first_bad)}; stopped without "
+                                   f"saving. Last good checkpoint: {last_good()} (lower --learning_rate and resume)")
+        if log_file:
+            for (it, _), value in zip(pending_losses, values):
                 log_file.write(json.dumps({"iter": it, "loss": value}) + "\n")
         pending_losses.clear()
 
@@ -381,6 +422,9 @@ def train(config):
             states = gathered
         else:
             states = [states]
+        if not all(torch.isfinite(p).all() for p in raw_model.parameters()):  # never write corrupt weights
+            raise TrainingDiverged(f"the weights became non-finite before iteration {iter_num}; stopped without "
+                                   f"saving. Last good checkpoint: {last_good()} (lower --learning_rate and resume)")
         if not master:
             return
         state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "config": config,
@@ -398,11 +442,14 @@ def train(config):
             done = iter_num >= config["max_iters"] or (config["max_flops"] and flops_done >= config["max_flops"])
             if iter_num % config["eval_interval"] == 0 or done:  # every process reaches this point together
                 check_losses()  # a divergence is reported at the iteration where it happened
+                diverged = None
                 if master:
                     losses = last_losses = estimate_loss(raw_model, config, splits, specials, device, autocast)
                     if not all(math.isfinite(v) for v in losses.values()):
-                        raise TrainingDiverged(f"validation loss is {losses['val']} at iteration {iter_num}; "
-                                               f"stopped without saving")
+                        diverged = (f"the validation loss is {losses['val']} at iteration {iter_num}; stopped "
+                                    f"without saving. Last good checkpoint: {last_good()} (lower --learning_rate "
+                                    f"and resume)")
+                if master and diverged is None:
                     log(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
                         + loss_in_bits(config["objective"], losses["val"]))
                     log_file.write(json.dumps({"iter": iter_num, "train_loss": losses["train"],
@@ -413,10 +460,12 @@ def train(config):
                         (improved or config["always_save_checkpoint"] or done)
                 else:
                     save_now, losses = False, {"val": None}
-                if ddp:  # rank 0 decides; everyone joins the save
-                    flag = [save_now]
-                    dist.broadcast_object_list(flag, src=0)
-                    save_now = flag[0]
+                if ddp:  # rank 0 decides; everyone joins the save (or stops)
+                    decision = [save_now, diverged]
+                    dist.broadcast_object_list(decision, src=0)
+                    save_now, diverged = decision
+                if diverged:
+                    raise TrainingDiverged(diverged)
                 if save_now:
                     save(losses["val"])
                 t0, timed_iters = time.perf_counter(), 0  # evaluation and saving are not training time
@@ -451,7 +500,7 @@ def train(config):
             pending_losses.append((iter_num, loss.detach() * steps))
             counts = [float(step_flops), float(step_tokens), float(step_supervised), float(bool(interrupted))]
             if ddp:  # sum over processes: the same budget, counts and stop decision everywhere
-                counts = torch.tensor(counts, dtype=torch.float64)
+                counts = torch.tensor(counts, dtype=torch.float64, device=device)
                 dist.all_reduce(counts)
                 counts = counts.tolist()
             else:
@@ -519,6 +568,9 @@ def main():
     except TrainingDiverged as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt:
+        print("train.py: interrupted; nothing saved since the last checkpoint", file=sys.stderr)
+        sys.exit(130)
     finally:
         if ddp:
             destroy_process_group()

@@ -50,6 +50,13 @@ TRAIN_CASES = [
     (["config/no_such_file.py"], ["not found"]),
     (["--init_from=gpt9"], ["scratch or resume"]),
     (["--max_iters"], ["needs a value"]),
+    (["--weight_decay=-1"], ["weight_decay"]),
+    (["--beta2=1.0"], ["beta2"]),
+    (["--seed=-1"], ["seed"]),
+    (["--device=cudax"], ["unknown --device=cudax"]),
+    (["--ul2_mixture=('a','b','c')", "--arch=t5"], ["ul2_mixture"]),
+    (["--n_decoder_layer=2"], ["t5 only"]),
+    (["--block_size=4"], ["too small"]),
 ]
 
 
@@ -112,6 +119,7 @@ def test_sample_bad_inputs(trained_dir, tmp_path):
         ([f"--out_dir={trained_dir}", "--temperature=hot"], "wrong type"),
         ([f"--out_dir={trained_dir}", "--num_samples=0"], "num_samples"),
         ([f"--out_dir={trained_dir}", "--order=sideways"], "confident or random"),
+        ([f"--out_dir={trained_dir}", "--temperature=1e-300"], "too small"),
     ]
     for args, needle in cases:
         print(assert_clean_failure(run_script("sample.py", *args), needle))

@@ -75,18 +75,17 @@ def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
 def test_a_process_killed_while_saving_leaves_a_loadable_checkpoint(tmp_path):
     path = str(tmp_path / "ckpt.pt")
     train.save_checkpoint(fake_state(1), path)
-    # the new state is built before "saving" is printed, so the kill lands in the write of ~160 MB
-    script = (f"import sys; sys.path.insert(0, {ROOT!r}); import torch, train\n"
-              f"state = {{**{{k: None for k in train.CHECKPOINT_KEYS}}, 'iter_num': 2, "
-              f"'weights': torch.randn(40_000_000)}}\n"
-              f"print('saving', flush=True)\n"
-              f"train.save_checkpoint(state, {path!r})\n")
+    # the child's torch.save writes half a file, says so, and hangs: the kill lands mid-write, every time
+    script = (f"import sys, time; sys.path.insert(0, {ROOT!r}); import torch, train\n"
+              f"def slow_save(obj, f):\n"
+              f"    f.write(b'half a checkpoint'); f.flush(); print('writing', flush=True); time.sleep(60)\n"
+              f"torch.save = slow_save\n"
+              f"train.save_checkpoint({{k: None for k in train.CHECKPOINT_KEYS}}, {path!r})\n")
     process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    assert process.stdout.readline().strip() == "saving"
-    time.sleep(0.05)
+    assert process.stdout.readline().strip() == "writing"
     process.send_signal(signal.SIGKILL)
     process.wait()
-    assert os.path.exists(path + ".tmp"), "the kill should have landed mid-write"
+    assert os.path.getsize(path + ".tmp") > 0  # the interrupted write is there, beside the checkpoint
     assert train.load_checkpoint(path)["iter_num"] == 1  # the previous checkpoint, intact
 
 
@@ -109,6 +108,16 @@ def test_ctrl_c_saves_and_exits_zero_then_resume_continues(char_dataset, tmp_pat
                                                lr_decay_iters=100000, eval_interval=100000))
     assert result.returncode == 0, result.stderr
     assert train.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"] == saved + 5
+
+
+def test_a_new_run_does_not_overwrite_a_checkpoint_unless_asked(char_dataset, tmp_path):
+    out = str(tmp_path / "o")
+    run(char_dataset, out, max_iters=2)
+    before = os.path.getmtime(os.path.join(out, "ckpt.pt"))
+    result = run_script("train.py", *tiny_args(char_dataset, out, max_iters=2))
+    assert result.returncode == 2 and "already holds a checkpoint" in result.stderr
+    assert os.path.getmtime(os.path.join(out, "ckpt.pt")) == before
+    assert run_script("train.py", *tiny_args(char_dataset, out, max_iters=2, overwrite=True)).returncode == 0
 
 
 def test_non_finite_loss_stops_without_writing(char_dataset, tmp_path):
