@@ -173,9 +173,12 @@ def load_dataset(name, block_size, prepare_if_missing):
             raise UserError(f"{path} is missing: prepare the dataset again (python data/<name>/prepare.py)")
         size = os.path.getsize(path)
         expected = meta.get(f"{split}_tokens")
-        if size % 2 or size // 2 < block_size + 2 or (expected is not None and size // 2 != expected):
-            raise UserError(f"{path} is truncated or too short ({size} bytes) for block_size={block_size}: "
+        if size % 2 or (expected is not None and size // 2 != expected):
+            raise UserError(f"{path} is truncated: {size} bytes where meta.pkl promises {expected} uint16 tokens; "
                             f"prepare the dataset again (python data/<name>/prepare.py)")
+        if size // 2 < block_size + 2:
+            raise UserError(f"{path} holds {size // 2} tokens, too few for --block_size={block_size}: "
+                            f"use a smaller block_size or more text")
         splits[split] = path
     return splits, meta
 

@@ -71,7 +71,7 @@ def test_train_bad_arguments(char_dataset, tmp_path, args, needles):
 
 
 def test_train_missing_and_truncated_bin_files(char_dataset, tmp_path):
-    for damage in ("missing", "truncated", "meta"):
+    for damage in ("missing", "truncated", "truncated_even", "meta"):
         data = tmp_path / damage
         shutil.copytree(char_dataset, data)
         if damage == "missing":
@@ -79,6 +79,9 @@ def test_train_missing_and_truncated_bin_files(char_dataset, tmp_path):
         elif damage == "truncated":
             with open(data / "train.bin", "r+b") as f:
                 f.truncate(33)
+        elif damage == "truncated_even":  # a whole number of tokens, but fewer than meta.pkl promises
+            with open(data / "train.bin", "r+b") as f:
+                f.truncate(100_000)
         else:
             (data / "meta.pkl").write_bytes(b"not a pickle")
         out = str(tmp_path / f"out-{damage}")
