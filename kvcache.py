@@ -31,6 +31,8 @@ class LayerCache:
         # k, v: (B, nh, T_new, hs) for the new positions; write them in place, return [cached ; new]
         c, start = self.cache, self.cache.length
         end = start + k.size(2)
+        if end > c.max_length:
+            raise ValueError(f"KV cache full: {start} + {k.size(2)} > {c.max_length}")
         c.keys[self.index, :, :, start:end] = k
         c.values[self.index, :, :, start:end] = v
         return c.keys[self.index, :, :, :end], c.values[self.index, :, :, :end]  # views, no copy

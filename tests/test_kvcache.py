@@ -148,3 +148,17 @@ def test_mask_predict_fills_every_mask():
                                               block_length=block_length, banned=torch.tensor([39]))
             assert (tokens != 39).all() and torch.equal(tokens[:, :8], prompt.expand(3, -1))
             assert passes <= 8
+
+
+def test_the_cache_is_static_and_decoding_never_reallocates_it():
+    """The decode loop writes into preallocated K/V (no torch.cat growth): the storage never moves."""
+    model = make_model("gpt")
+    cache = K.KVCache(model, 2, 40)
+    keys, values = cache.keys.data_ptr(), cache.values.data_ptr()
+    K.prefill(model, torch.randint(0, 40, (2, 5)), cache)
+    for _ in range(30):
+        K.forward_with_cache(model, torch.randint(0, 40, (2, 1)), cache)
+    assert cache.length == 35 and cache.keys.shape[3] == 40
+    assert (cache.keys.data_ptr(), cache.values.data_ptr()) == (keys, values)
+    with pytest.raises(ValueError, match="KV cache full"):
+        K.forward_with_cache(model, torch.randint(0, 40, (2, 6)), cache)
