@@ -506,8 +506,6 @@ def train(config):
                 counts = torch.tensor(counts, dtype=torch.float64, device=device)
                 dist.all_reduce(counts)
                 counts = counts.tolist()
-            else:
-                counts = [c * world_size for c in counts[:3]] + counts[3:]
             step_flops, step_tokens, step_supervised, stop = counts
             flops_done += step_flops
             tokens_seen += int(step_tokens)
