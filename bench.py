@@ -164,7 +164,6 @@ def bench_training(device, s, repeats, results):
         rows.append([arch, objective, f"{d['parameters'] / 1e6:.2f}M", f"{d['ms_per_step']:.1f}",
                      f"{d['tokens_per_s']:,.0f}", f"{100 * d['mfu']:.1f}%", f"{100 * d['supervised_fraction']:.1f}%",
                      f"{d['supervised_per_s']:,.0f}", f"{d['supervised_per_tflop']:,.0f}"])
-        del model, optimizer
     ratio = data["gpt"]["supervised_per_s"] / data["bert"]["supervised_per_s"]
     data["gpt_over_bert_supervised"] = ratio
     results["training"] = data

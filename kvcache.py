@@ -17,6 +17,7 @@ The cache is preallocated (no torch.cat per token): (layers, B, heads, max_lengt
 """
 import torch
 
+import masks
 from model import ATTENTION_KIND
 
 
@@ -69,8 +70,7 @@ class KVCache:
         return self.cross[i] if self.cross is not None else None
 
     def advance(self, ids, T):
-        if self.length + T > self.max_length:
-            raise ValueError(f"KV cache full: {self.length} + {T} > {self.max_length}")
+        # (LayerCache.update has already refused anything that does not fit)
         self.tokens[:, self.length:self.length + T] = ids
         self.length += T
 
@@ -82,7 +82,6 @@ class KVCache:
             k, v = attention.key_value(memory).split(model.config.n_embd, dim=2)
             self.cross.append(FixedKV(attention.split_heads(k), attention.split_heads(v)))
         if key_lengths is not None:
-            import masks
             self.cross_mask, _ = masks.attention_mask("bidirectional", 1, memory.size(1), key_lengths=key_lengths,
                                                       device=memory.device)
 

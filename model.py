@@ -10,8 +10,7 @@ The one attention function (`Attention.forward`) serves self-attention, cross-at
 nothing else in the project calls scaled_dot_product_attention.
 """
 import math
-from dataclasses import dataclass, asdict
-from typing import Optional
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -166,7 +165,7 @@ class ModelConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.arch == "t5" and self.n_decoder_layer < 1:
-            raise ValueError(f"n_decoder_layer must be at least 1 for t5 (0 = as many as n_layer)")
+            raise ValueError("n_decoder_layer must be at least 1 for t5 (0 = as many as n_layer)")
         if self.arch != "t5" and self.n_decoder_layer:
             raise ValueError(f"n_decoder_layer is for t5 only; {self.arch} has one stack (set n_layer)")
         if self.n_embd % self.n_head:

@@ -1,6 +1,5 @@
 """The chapter's mathematical claims as tests. Each docstring quotes the claim id (../shared/CHAPTER.md)."""
 import itertools
-import math
 
 import torch
 

@@ -1,7 +1,6 @@
 """UL2's mixture of denoisers (claim F2) and masked diffusion as an ELBO (claim C4)."""
 import itertools
 import math
-import os
 
 import pytest
 import torch
