@@ -23,6 +23,9 @@ import time
 import torch
 import torch.nn.functional as F
 
+from configurator import UserError, apply_overrides, pick_device, run_main
+from timing import copy_bandwidth, matmul_flops_per_second, median_time
+
 SECTIONS = ("ceilings", "training", "attention", "decoding", "prefix")
 DEFAULTS = dict(
     device="auto",
@@ -32,47 +35,6 @@ DEFAULTS = dict(
     out="",                # JSON path; "" = bench_results/bench-<device>[-quick].json
     plots=True,            # write PNGs next to the JSON when matplotlib is installed
 )
-
-
-# ----------------------------------------------------------------------------- timing helpers
-
-def synchronize(device):
-    if str(device).startswith("cuda"):
-        torch.cuda.synchronize()
-    elif str(device) == "mps":
-        torch.mps.synchronize()
-
-
-def median_time(fn, device, repeats=5, warmup=2):
-    """Median seconds of fn() over repeats, after warm-up, synchronising the device before reading the clock."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        t = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append(time.perf_counter() - t)
-    return sorted(times)[len(times) // 2]
-
-
-def matmul_flops_per_second(device, dtype=torch.float32, size=None, repeats=10):
-    """The machine's measured dense matmul rate: the ceiling MFU is reported against (median of 10: a CPU's
-    clock wanders, and a ceiling from too few samples makes MFU jump between runs)."""
-    size = size or (8192 if str(device).startswith("cuda") else 2048)
-    generator = torch.Generator(device=device).manual_seed(0)  # private: never disturb the global RNG
-    a = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
-    b = torch.randn(size, size, device=device, dtype=dtype, generator=generator)
-    return 2 * size ** 3 / median_time(lambda: a @ b, device, repeats=repeats, warmup=3)
-
-
-def copy_bandwidth(device, megabytes=256, repeats=5):
-    """Bytes per second of a device-to-device copy (each byte read once and written once)."""
-    n = megabytes * 2 ** 20 // 4
-    a = torch.rand(n, device=device)
-    b = torch.empty_like(a)
-    return 2 * a.numel() * 4 / median_time(lambda: b.copy_(a), device, repeats=repeats)
 
 
 def table(title, header, rows):
@@ -123,7 +85,7 @@ def autocast_for(device, dtype):
 
 def bench_ceilings(device, s, repeats, results):
     flops = matmul_flops_per_second(device, s["dtype"], size=512 if s["n_embd"] < 128 else None,
-                                    repeats=max(10, repeats))
+                                    seconds=0.2 if s["n_embd"] < 128 else 1.0)
     bandwidth = copy_bandwidth(device, 32 if s["n_embd"] < 128 else 256, repeats)
     results["ceilings"] = {"matmul_flops": flops, "dtype": str(s["dtype"]), "copy_bandwidth": bandwidth}
     return table("1. Ceilings of this machine", ["measure", "value"],
@@ -143,8 +105,7 @@ def bench_training(device, s, repeats, results):
         windows = torch.randint(0, specials.num_ordinary, (s["batch"], s["block_size"] + 1), generator=generator)
         objective = objectives.OBJECTIVES_FOR_ARCH[arch][0]
         batch = objectives.make_batch(objective, windows, specials, generator, arch)
-        dec_len = batch.decoder_inputs.size(1) if batch.decoder_inputs is not None else 0
-        flops = s["batch"] * model.training_flops(batch.inputs.size(1), dec_len)
+        flops = model.training_flops(batch)
         supervised, processed = batch.supervised_positions(), batch.processed_positions()
         batch = batch.to(device)
 
@@ -355,8 +316,6 @@ def plot(results, path):
 
 
 def main():
-    from configurator import UserError, apply_overrides
-    from train import pick_device
     config = apply_overrides(DEFAULTS, sys.argv[1:])
     chosen = SECTIONS if config["sections"] == "all" else tuple(x.strip() for x in config["sections"].split(","))
     unknown = [x for x in chosen if x not in SECTIONS]
@@ -398,5 +357,4 @@ def main():
 
 
 if __name__ == "__main__":
-    from configurator import run_main
     run_main(main)

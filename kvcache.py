@@ -49,9 +49,11 @@ class FixedKV:
 
 class KVCache:
     def __init__(self, model, batch_size, max_length=None, device=None, dtype=None):
+        self.model = model
         c = model.config
         parameter = next(model.parameters())
         device, dtype = device or parameter.device, dtype or parameter.dtype
+        self.batch_size = batch_size
         self.max_length = max_length or c.block_size
         n_layers = c.n_decoder_layer if c.arch == "t5" else c.n_layer
         shape = (n_layers, batch_size, c.n_head, self.max_length, c.n_embd // c.n_head)
@@ -68,6 +70,10 @@ class KVCache:
 
     def cross_layer(self, i):
         return self.cross[i] if self.cross is not None else None
+
+    def set_prefix(self, length):
+        """prefixlm: the first `length` positions form the bidirectional prefix of every row."""
+        self.prefix_length = torch.full((self.batch_size,), length, device=self.tokens.device)
 
     def advance(self, ids, T):
         # (LayerCache.update has already refused anything that does not fit)
@@ -88,19 +94,18 @@ class KVCache:
     def fork(self, batch_size):
         """Prefix caching across samples: a new cache of batch_size rows that all start from row 0's K/V, so
         one prefill serves every continuation (a copy of memory, no recomputation)."""
-        other = KVCache.__new__(KVCache)
-        other.__dict__.update(self.__dict__)
-        other.keys = self.keys[:, :1].repeat(1, batch_size, 1, 1, 1)  # (layers, B, nh, max_length, hs)
-        other.values = self.values[:, :1].repeat(1, batch_size, 1, 1, 1)
-        other.tokens = self.tokens[:1].repeat(batch_size, 1)
+        other = KVCache(self.model, batch_size, self.max_length, self.keys.device, self.keys.dtype)
+        other.keys.copy_(self.keys[:, :1].expand_as(other.keys))  # (layers, B, nh, max_length, hs)
+        other.values.copy_(self.values[:, :1].expand_as(other.values))
+        other.tokens.copy_(self.tokens[:1].expand_as(other.tokens))
+        other.length = self.length
         if self.prefix_length is not None:
             other.prefix_length = self.prefix_length[:1].repeat(batch_size)
-        if self.cross is not None:
+        if self.cross is not None:  # t5: the encoder output is the same for every row; views, not copies
             other.cross = [FixedKV(f.keys[:1].expand(batch_size, -1, -1, -1),
                                    f.values[:1].expand(batch_size, -1, -1, -1)) for f in self.cross]
             if self.cross_mask is not None:
                 other.cross_mask = self.cross_mask[:1].expand(batch_size, -1, -1, -1)
-        other._layers = [LayerCache(other, i) for i in range(len(self._layers))]
         return other
 
 
@@ -125,7 +130,7 @@ def prefill(model, prompt, cache, encoder_inputs=None, encoder_lengths=None):
         memory = model.encode(encoder_inputs, encoder_lengths)
         cache.set_encoder_output(model, memory, encoder_lengths)
     elif ATTENTION_KIND[arch] == "prefix":
-        cache.prefix_length = torch.full((prompt.size(0),), cache.length + prompt.size(1), device=prompt.device)
+        cache.set_prefix(cache.length + prompt.size(1))
     return forward_with_cache(model, prompt, cache)[:, -1]
 
 
@@ -179,71 +184,91 @@ def sample_next(logits, temperature=1.0, top_k=None, generator=None, banned=None
     return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
 
 
-@torch.inference_mode()  # like no_grad, minus autograd's version counters: less overhead per token
-def generate(model, prompt, max_new_tokens, num_samples=1, temperature=1.0, top_k=None, use_cache=True,
-             generator=None, banned=None, encoder_inputs=None, encoder_lengths=None, start_token=None):
-    """Sample continuations. gpt / prefixlm: `prompt` (1, P) is the text so far. t5: `encoder_inputs` (1, S) is
-    the encoder's input and the decoder starts from `start_token`. Returns (num_samples, P + max_new_tokens) for
-    the single-stack archs, (num_samples, 1 + max_new_tokens) decoder tokens for t5.
+def start_sequence(model, prompt, num_samples, start_token):
+    """What generation continues: the prompt (gpt, prefixlm), or t5's decoder start token; one row per sample."""
+    if model.config.arch == "t5":
+        device = next(model.parameters()).device
+        return torch.full((num_samples, 1), start_token, dtype=torch.long, device=device)
+    if prompt.size(1) > model.config.block_size:
+        raise ValueError(f"the prompt has {prompt.size(1)} tokens, more than block_size={model.config.block_size}")
+    return prompt.expand(num_samples, -1)
 
-    With the cache: one prefill shared by all samples (prefix caching), then one position per step. Without:
-    the whole sequence (and t5's encoder) recomputed every step. When the sequence reaches block_size, both
-    paths slide the same way: keep the last block_size // 2 tokens and prefill them again (for prefixlm they
-    become the new prefix), so the two paths see identical contexts and must give identical logits."""
+
+def slide_window(length, window_start, block_size):
+    """The context is sequence[window_start:length]. When it no longer fits, both samplers slide the same way:
+    keep the last block_size // 2 tokens (for prefixlm they become the new prefix), so that the cached and the
+    recomputing sampler see identical contexts and must pick identical tokens. Returns the new window start."""
+    return length - block_size // 2 if length - window_start > block_size else window_start
+
+
+def encoder_rows(encoder_inputs, encoder_lengths, rows):
+    lengths = encoder_lengths.expand(rows) if encoder_lengths is not None else None
+    return encoder_inputs.expand(rows, -1), lengths
+
+
+@torch.inference_mode()
+def generate_uncached(model, prompt, max_new_tokens, num_samples=1, temperature=1.0, top_k=None, generator=None,
+                      banned=None, encoder_inputs=None, encoder_lengths=None, start_token=None, stop=None):
+    """The plain reference, nanoGPT's generate: for every new token, the whole context (and t5's encoder) runs
+    again. Returns the sequences, (num_samples, P + max_new_tokens); t5: decoder tokens (num_samples, 1 + new)."""
     model.eval()
-    arch, block_size = model.config.arch, model.config.block_size
-    device = next(model.parameters()).device
-    if arch == "t5":
-        prompt = torch.full((1, 1), start_token, dtype=torch.long, device=device)
-    P = prompt.size(1)
-    sequence = torch.empty(num_samples, P + max_new_tokens, dtype=torch.long, device=device)  # preallocated
-    sequence[:, :P] = prompt
-    window_start, prefix_end = 0, P  # the context is sequence[window_start:]; prefixlm's prefix ends at prefix_end
-    if P > block_size:
-        raise ValueError(f"the prompt has {P} tokens, more than block_size={block_size}")
-
-    def full_logits(length):  # the reference: recompute everything in the current window
-        context = sequence[:, window_start:length]
-        if arch == "t5":
-            e = encoder_inputs.expand(num_samples, -1)
-            lengths = encoder_lengths.expand(num_samples) if encoder_lengths is not None else None
-            return model.lm_head(model.decode(context, model.encode(e, lengths), lengths)[:, -1])
-        prefix = None
-        if ATTENTION_KIND[arch] == "prefix":
-            prefix = torch.full((num_samples,), prefix_end - window_start, device=device)
-        return model.lm_head(model.run_stack(context, prefix_length=prefix)[:, -1])  # the head on the last only
-
-    def cached_prefill(length, rows):
-        # rows=1: the samples share the prompt, prefill it once and fork the cache (prefix caching);
-        # rows=num_samples: after a slide every sample has its own context
-        cache = KVCache(model, rows, block_size)
-        if arch == "t5":
-            lengths = encoder_lengths.expand(rows) if encoder_lengths is not None else None
-            logits = prefill(model, sequence[:rows, window_start:length], cache,
-                             encoder_inputs.expand(rows, -1), lengths)
-        else:
-            logits = prefill(model, sequence[:rows, window_start:length], cache)
-        if rows == 1:
-            return cache.fork(num_samples), logits.expand(num_samples, -1)
-        return cache, logits
-
-    if use_cache:
-        cache, logits = cached_prefill(P, rows=1)
-    else:
-        logits = full_logits(P)
-    for length in range(P, P + max_new_tokens):
-        token = sample_next(logits, temperature, top_k, generator, banned)  # (S, 1), stays on the device
-        sequence[:, length] = token[:, 0]
-        if length + 1 == P + max_new_tokens:
+    block_size = model.config.block_size
+    sequence = start_sequence(model, prompt, num_samples, start_token)
+    prompt_length, window_start = sequence.size(1), 0
+    for _ in range(max_new_tokens):
+        if stop:  # a signal (progress.StopSignals): return what is done
             break
-        if length + 1 - window_start > block_size:  # the context is full: slide, the same way in both paths
-            window_start, prefix_end = length + 1 - block_size // 2, length + 1
-            if use_cache:
-                cache, logits = cached_prefill(length + 1, rows=num_samples)
-            else:
-                logits = full_logits(length + 1)
-        elif use_cache:
-            logits = forward_with_cache(model, token, cache)[:, -1]  # one position against the cache
+        window_start = slide_window(sequence.size(1), window_start, block_size)
+        context = sequence[:, window_start:]
+        if model.config.arch == "t5":
+            inputs, lengths = encoder_rows(encoder_inputs, encoder_lengths, num_samples)
+            hidden = model.decode(context, model.encode(inputs, lengths), lengths)
         else:
-            logits = full_logits(length + 1)
+            prefix = None
+            if ATTENTION_KIND[model.config.arch] == "prefix":  # the prompt, or after a slide the kept tokens
+                prefix_length = prompt_length if window_start == 0 else block_size // 2
+                prefix = torch.full((num_samples,), prefix_length, device=sequence.device)
+            hidden = model.run_stack(context, prefix_length=prefix)
+        logits = model.lm_head(hidden[:, -1])  # the output head on the last position only
+        token = sample_next(logits, temperature, top_k, generator, banned)
+        sequence = torch.cat([sequence, token], dim=1)
+    return sequence
+
+
+def prefill_window(model, context, encoder_inputs=None, encoder_lengths=None):
+    """A new cache holding `context` (B, T) (t5: and the encoder's output); returns (cache, last logits)."""
+    cache = KVCache(model, context.size(0), model.config.block_size)
+    if model.config.arch == "t5":
+        inputs, lengths = encoder_rows(encoder_inputs, encoder_lengths, context.size(0))
+        return cache, prefill(model, context, cache, inputs, lengths)
+    return cache, prefill(model, context, cache)
+
+
+@torch.inference_mode()  # like no_grad, minus autograd's version counters: less overhead per token
+def generate(model, prompt, max_new_tokens, num_samples=1, temperature=1.0, top_k=None, generator=None,
+             banned=None, encoder_inputs=None, encoder_lengths=None, start_token=None, use_cache=True, stop=None):
+    """Sample continuations with the KV cache: prefill the prompt once, fork the cache to every sample (prefix
+    caching), then one position per step. gpt / prefixlm: `prompt` (1, P) is the text so far. t5:
+    `encoder_inputs` (1, S) go through the encoder once and the decoder starts from `start_token`. Identical
+    tokens to generate_uncached (tests/test_kvcache.py); use_cache=False runs that reference instead."""
+    if not use_cache:
+        return generate_uncached(model, prompt, max_new_tokens, num_samples, temperature, top_k, generator, banned,
+                                 encoder_inputs, encoder_lengths, start_token, stop)
+    model.eval()
+    block_size = model.config.block_size
+    sequence = start_sequence(model, prompt, num_samples, start_token)
+    cache, logits = prefill_window(model, sequence[:1], encoder_inputs, encoder_lengths)
+    cache, logits = cache.fork(num_samples), logits.expand(num_samples, -1)  # one prefill serves every sample
+    window_start = 0
+    for step in range(max_new_tokens):
+        token = sample_next(logits, temperature, top_k, generator, banned)  # (S, 1), stays on the device
+        sequence = torch.cat([sequence, token], dim=1)
+        if step == max_new_tokens - 1 or stop:  # stop: a signal (progress.StopSignals), return what is done
+            break
+        new_start = slide_window(sequence.size(1), window_start, block_size)
+        if new_start != window_start:  # the context is full: prefill the kept tokens again, as the reference
+            window_start = new_start
+            cache, logits = prefill_window(model, sequence[:, window_start:], encoder_inputs, encoder_lengths)
+        else:
+            logits = forward_with_cache(model, token, cache)[:, -1]  # one position against the cache
     return sequence

@@ -234,7 +234,10 @@ class Transformer(nn.Module):
             attention.record_probabilities = True
         try:
             with torch.no_grad():
-                self.run_stack(ids, prefix_length) if self.config.arch != "t5" else self.encode(ids)
+                if self.config.arch == "t5":
+                    self.encode(ids)
+                else:
+                    self.run_stack(ids, prefix_length)
             return [attention.probabilities for attention in layers]
         finally:
             for attention in layers:
@@ -264,7 +267,8 @@ class Transformer(nn.Module):
                                                     prefix_length=prefix_length, key_lengths=key_lengths,
                                                     device=ids.device)
         for i, block in enumerate(self.blocks):
-            x = block(x, attn_mask, is_causal, self.rotary, start, cache.layer(i) if cache is not None else None)
+            x = block(x, attn_mask=attn_mask, is_causal=is_causal, rotary=self.rotary, start=start,
+                      cache=cache.layer(i) if cache is not None else None)
         if cache is not None:
             cache.advance(ids, T)
         return self.final_norm(x)
@@ -274,7 +278,7 @@ class Transformer(nn.Module):
         x = self.embed(ids)
         attn_mask, _ = masks.attention_mask("bidirectional", ids.size(1), key_lengths=key_lengths, device=ids.device)
         for block in self.blocks:
-            x = block(x, attn_mask, False, self.rotary)
+            x = block(x, attn_mask=attn_mask, rotary=self.rotary)
         return self.final_norm(x)  # (B, T_enc, C), "memory"
 
     def decode(self, ids, memory=None, key_lengths=None, cache=None):
@@ -291,8 +295,8 @@ class Transformer(nn.Module):
         elif cache is not None:
             cross_mask = cache.cross_mask
         for i, block in enumerate(self.decoder_blocks):
-            x = block(x, attn_mask, is_causal, self.rotary, start,
-                      cache.layer(i) if cache is not None else None,
+            x = block(x, attn_mask=attn_mask, is_causal=is_causal, rotary=self.rotary, start=start,
+                      cache=cache.layer(i) if cache is not None else None,
                       memory=memory, cross_mask=cross_mask,
                       cross_cache=cache.cross_layer(i) if cache is not None else None)
         if cache is not None:
@@ -325,21 +329,24 @@ class Transformer(nn.Module):
         per_position = F.cross_entropy(flat_logits, flat_targets, ignore_index=IGNORE_INDEX, reduction="none")
         return (per_position * loss_weights.reshape(-1)).sum() / flat_targets.numel()
 
-    def training_flops(self, input_length, decoder_length=0):
-        """Forward + backward FLOPs for one example: 6 FLOPs per parameter per token that passes through it, plus
-        attention's 12 * layers * T_query * T_key * d (nanoGPT/PaLM accounting; the full score matrix is counted,
-        masked or not). t5's encoder tokens skip the output head; its decoder also attends to the encoder."""
+    def training_flops(self, batch):
+        """Forward + backward FLOPs of one training step on `batch` (an objectives.Batch: inputs (B, T) and, for
+        t5, decoder_inputs (B, T_dec)): 6 FLOPs per parameter per token that passes through it, plus attention's
+        12 * layers * T_query * T_key * d (nanoGPT/PaLM accounting; the full score matrix is counted, masked or
+        not). t5's encoder tokens skip the output head; its decoder also attends to the encoder."""
         c = self.config
+        B, T = batch.inputs.shape
+        T_dec = batch.decoder_inputs.size(1) if batch.decoder_inputs is not None else 0
         block_params = sum(p.numel() for p in self.blocks.parameters())
         head_params = c.vocab_size * c.n_embd
         if c.arch != "t5":
-            return 6 * input_length * (block_params + head_params) + 12 * c.n_layer * input_length ** 2 * c.n_embd
+            return B * (6 * T * (block_params + head_params) + 12 * c.n_layer * T ** 2 * c.n_embd)
         decoder_params = sum(p.numel() for p in self.decoder_blocks.parameters())
         # cross-attention keys/values are projected from the encoder's tokens, not the decoder's
         cross_kv = sum(p.numel() for b in self.decoder_blocks for p in b.cross_attention.key_value.parameters())
-        return (6 * input_length * (block_params + cross_kv) + 12 * c.n_layer * input_length ** 2 * c.n_embd
-                + 6 * decoder_length * (decoder_params - cross_kv + head_params)
-                + 12 * c.n_decoder_layer * (decoder_length ** 2 + decoder_length * input_length) * c.n_embd)
+        return B * (6 * T * (block_params + cross_kv) + 12 * c.n_layer * T ** 2 * c.n_embd
+                    + 6 * T_dec * (decoder_params - cross_kv + head_params)
+                    + 12 * c.n_decoder_layer * (T_dec ** 2 + T_dec * T) * c.n_embd)
 
     def configure_optimizer(self, weight_decay, learning_rate, betas, device_type):
         # decay matrices (2-D), not biases, norms; embeddings are 2-D and decayed, as nanoGPT does

@@ -11,7 +11,8 @@ there is no loss). Objectives know nothing about the model; the model knows noth
 
 Every batch knows its `supervised_fraction`: positions that carry a loss / positions the model computes (C1).
 Windows arrive as (B, T+1) int64 tensors; clm uses all T+1 (input and shifted target), the others use as much
-of the window as fits in T input positions.
+of the window as fits in T input positions. Every batch maker takes (windows, specials, generator, arch, knobs...),
+in that order; the knobs keep the published values as defaults (BERT's 15% and 80/10/10, T5's 15% and spans of 3).
 """
 from dataclasses import dataclass, fields
 from typing import Optional
@@ -75,14 +76,14 @@ class Batch:
 
 # ----------------------------------------------------------------------------- next token (gpt)
 
-def clm(windows):
+def clm(windows, specials=None, generator=None, arch="gpt"):
     """Causal LM: the target of position i is token i+1, every position supervised."""
     return Batch(inputs=windows[:, :-1], targets=windows[:, 1:])
 
 
 # ----------------------------------------------------------------------------- BERT's masked LM
 
-def mlm(windows, specials, generator, rate=0.15, mask_fraction=0.8, random_fraction=0.1):
+def mlm(windows, specials, generator, arch="bert", rate=0.15, mask_fraction=0.8, random_fraction=0.1):
     """BERT: choose round(rate * n) of the n non-special positions of each row (at least one); of those,
     mask_fraction become [MASK], random_fraction a random text token, the rest stay unchanged (claim C2's patch).
     Loss only on the chosen positions (claim C1), each predicted by its own softmax (claim C3)."""
@@ -105,7 +106,7 @@ def mlm(windows, specials, generator, rate=0.15, mask_fraction=0.8, random_fract
 
 # ----------------------------------------------------------------------------- masked diffusion
 
-def diffusion(windows, specials, generator, eps=1e-3, rate=None):
+def diffusion(windows, specials, generator, arch="bert", eps=1e-3, rate=None):
     """Masked diffusion (MDLM/LLaDA style): per sequence draw t ~ U(eps, 1), replace each text token by [MASK] with
     probability t (no 80/10/10), and weight the cross-entropy of masked positions by 1/t, averaged over all
     positions. In expectation that is the ELBO, an upper bound on -log p(x) (claim C4). `rate` fixes t (tests)."""
@@ -155,7 +156,7 @@ def seq2seq_batch(sources, targets, arch, specials):
     raise ValueError(f"arch {arch!r} has no source/target layout")
 
 
-def prefix_lm(windows, generator, arch, specials):
+def prefix_lm(windows, specials, generator, arch):
     """Prefix LM: a random split point P in [1, T-1] per example; the prefix is seen bidirectionally, the loss is
     on the suffix only (predicting tokens P..T)."""
     B, T = windows.shape[0], windows.shape[1] - 1
@@ -282,13 +283,14 @@ def make_batch(objective, windows, specials, generator, arch, mlm_rate=0.15, mlm
         allowed = ", ".join(OBJECTIVES_FOR_ARCH.get(arch, ()))
         raise ValueError(f"objective {objective!r} does not fit arch {arch!r}: choose one of {allowed}")
     if objective == "clm":
-        return clm(windows)
+        return clm(windows, specials, generator, arch)
     if objective == "mlm":
-        return mlm(windows, specials, generator, mlm_rate, mlm_mask_fraction, mlm_random_fraction)
+        return mlm(windows, specials, generator, arch, rate=mlm_rate, mask_fraction=mlm_mask_fraction,
+                   random_fraction=mlm_random_fraction)
     if objective == "diffusion":
-        return diffusion(windows, specials, generator)
+        return diffusion(windows, specials, generator, arch)
     if objective == "prefix_lm":
-        return prefix_lm(windows, generator, arch, specials)
+        return prefix_lm(windows, specials, generator, arch)
     if objective == "span_corruption":
-        return span_corruption(windows, specials, generator, arch, noise_density, mean_span)
-    return ul2(windows, specials, generator, arch, ul2_mixture)
+        return span_corruption(windows, specials, generator, arch, noise_density=noise_density, mean_span=mean_span)
+    return ul2(windows, specials, generator, arch, mixture=ul2_mixture)

@@ -17,11 +17,11 @@ import time
 
 import torch
 
-from configurator import UserError, apply_overrides, run_main
+from checkpoint import load_model
+from configurator import UserError, apply_overrides, pick_device, run_main
 from kvcache import generate, sample_next
-from model import Transformer, ModelConfig
 from objectives import Specials
-from train import load_checkpoint, pick_device
+from progress import StopSignals
 
 DEFAULTS = dict(
     out_dir="out-gpt",
@@ -85,7 +85,7 @@ class Tokenizer:
 
 @torch.inference_mode()
 def iterative_unmask(model, prompt, num_new, steps, mask_id, num_samples=1, temperature=1.0, top_k=None,
-                     order="confident", block_length=0, generator=None, banned=None):
+                     order="confident", block_length=0, generator=None, banned=None, stop=None):
     """Append num_new [MASK]s after the prompt and fill them over `steps` bidirectional forward passes. Each pass
     predicts every masked position; a share of them is revealed (the most confident, or random ones) and the rest
     stay masked for the next pass. With block_length > 0 the masks are filled block by block, left to right
@@ -104,7 +104,7 @@ def iterative_unmask(model, prompt, num_new, steps, mask_id, num_samples=1, temp
         for step in range(steps_per_block):
             masked = x[:, start:end] == mask_id  # (S, n)
             remaining = int(masked.sum(dim=1).max())
-            if remaining == 0:
+            if remaining == 0 or stop:
                 break
             logits, _ = model(x)
             passes += 1
@@ -128,13 +128,6 @@ def iterative_unmask(model, prompt, num_new, steps, mask_id, num_samples=1, temp
 
 # ----------------------------------------------------------------------------- the command
 
-def load_model(out_dir, checkpoint_name, device):
-    checkpoint = load_checkpoint(os.path.join(out_dir, checkpoint_name), device)
-    model = Transformer(ModelConfig(**checkpoint["model_config"]))
-    model.load_state_dict(checkpoint["model"])
-    return model.to(device).eval(), checkpoint
-
-
 def read_prompt(start):
     if start.startswith("FILE:"):
         path = start[5:]
@@ -148,8 +141,50 @@ def read_prompt(start):
     return start
 
 
-def main():
-    config = apply_overrides(DEFAULTS, sys.argv[1:])
+def generate_left_to_right(model, ids, objective, specials, config, generator, stop):
+    """gpt / prefixlm / t5: one new token per forward pass, with the KV cache (or recomputing, --no_cache).
+    Returns (texts' token lists, what ran)."""
+    device = next(model.parameters()).device
+    all_specials = torch.arange(specials.num_ordinary, model.config.vocab_size, device=device)
+    settings = dict(max_new_tokens=config["max_new_tokens"], num_samples=config["num_samples"],
+                    temperature=config["temperature"], top_k=config["top_k"] or None, generator=generator,
+                    use_cache=not config["no_cache"], stop=stop)
+    if model.config.arch == "t5":
+        # what the encoder reads depends on how it was trained: span filling, UL2's [S2S] mode, or a prefix
+        if objective == "span_corruption":
+            source = ids + [specials.sentinels[0], specials.eos]
+            banned = torch.tensor([specials.pad, specials.mask, *specials.modes.values()], device=device)
+        elif objective == "ul2":
+            source, banned = [specials.modes["S"]] + ids, all_specials
+        else:
+            source, banned = ids, all_specials
+        tokens = generate(model, None, encoder_inputs=torch.tensor([source], device=device),
+                          start_token=specials.pad, banned=banned, **settings)
+        how = "encoder + decoder recomputed per token" if config["no_cache"] else "encoder once, cached decoder"
+        return [row[1:] for row in tokens.tolist()], how
+    prompt = ids
+    if objective == "ul2":  # UL2's sequential denoiser reads [S2S] first
+        prompt = [specials.modes["S"]] + ids
+    tokens = generate(model, torch.tensor([prompt], device=device), banned=all_specials, **settings)
+    how = "full recomputation per token" if config["no_cache"] else "KV cache (one shared prefill, one position per step)"
+    return [row[len(prompt):] for row in tokens.tolist()], how
+
+
+def generate_by_unmasking(model, ids, specials, config, generator, stop):
+    """bert (mlm or diffusion): [MASK] placeholders after the prompt, filled over --steps bidirectional passes."""
+    device = next(model.parameters()).device
+    all_specials = torch.arange(specials.num_ordinary, model.config.vocab_size, device=device)
+    tokens, passes = iterative_unmask(model, torch.tensor([ids], device=device), num_new=config["max_new_tokens"],
+                                      steps=config["steps"], mask_id=specials.mask,
+                                      num_samples=config["num_samples"], temperature=config["temperature"],
+                                      top_k=config["top_k"] or None, order=config["order"],
+                                      block_length=config["block_length"], generator=generator, banned=all_specials,
+                                      stop=stop)
+    how = f"iterative unmasking ({config['order']}, {passes} full forward passes for {config['max_new_tokens']} tokens)"
+    return [row[len(ids):] for row in tokens.tolist()], how, passes
+
+
+def check_sample_config(config, arch, prompt_tokens, block_size, objective):
     for key in ("num_samples", "max_new_tokens", "steps"):
         if config[key] < 1:
             raise UserError(f"--{key} must be at least 1, got {config[key]}")
@@ -159,65 +194,78 @@ def main():
         raise UserError(f"--temperature={config['temperature']} is too small to sample with: use 0 for greedy")
     if config["order"] not in ("confident", "random"):
         raise UserError(f"--order={config['order']}: choose confident or random")
+    unmasking_only = [k for k in ("steps", "order", "block_length") if config[k] != DEFAULTS[k]]
+    if arch != "bert" and unmasking_only:
+        raise UserError(f"--{unmasking_only[0]} is for iterative unmasking (bert); {arch} generates left to right: "
+                        f"drop it")
+    if arch == "bert" and config["no_cache"]:
+        raise UserError("--no_cache does not apply to bert: it has no cache to turn off (claim D4), every pass "
+                        "recomputes the whole sequence")
+    extra = 0  # tokens sample.py adds to the prompt: UL2's mode token, or t5's sentinel and [EOS]
+    if objective == "ul2":
+        extra = 1
+    elif arch == "t5" and objective == "span_corruption":
+        extra = 2
+    if prompt_tokens + extra > block_size:
+        raise UserError(f"the prompt has {prompt_tokens} tokens but the model's context is {block_size}: shorten it")
+    if arch == "bert" and prompt_tokens + config["max_new_tokens"] > block_size:
+        raise UserError(f"bert fills masks inside its context: prompt ({prompt_tokens}) + --max_new_tokens "
+                        f"({config['max_new_tokens']}) must be at most {block_size}")
+
+
+def check_memory(model, config, prompt_tokens):
+    """Refuse, before allocating, what cannot fit: the tokens of every sample and one KV cache row per sample."""
+    c = model.config
+    layers = c.n_layer + c.n_decoder_layer
+    rows = config["num_samples"]
+    needed = rows * (prompt_tokens + config["max_new_tokens"]) * 8 * 2 \
+        + rows * layers * 2 * c.block_size * c.n_embd * 4 + rows * c.vocab_size * 4 * 4
+    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else float("inf")
+    if needed > available / 2:
+        raise UserError(f"--num_samples={rows} x --max_new_tokens={config['max_new_tokens']} need about "
+                        f"{needed / 2 ** 30:,.1f} GiB, more than half of this machine's {available / 2 ** 30:,.0f} GiB: "
+                        f"ask for fewer")
+
+
+def main():
+    config = apply_overrides(DEFAULTS, sys.argv[1:])
     device = pick_device(config["device"])
-    model, checkpoint = load_model(config["out_dir"], config["checkpoint"], device)
-    arch, objective, meta = model.config.arch, checkpoint["config"]["objective"], checkpoint["meta"]
+    model, checkpoint = load_model(os.path.join(config["out_dir"], config["checkpoint"]), device)
+    arch, objective, meta = model.config.arch, checkpoint["config"].get("objective"), checkpoint["meta"]
     specials, tokenizer = Specials.from_meta(meta), Tokenizer(meta)
     text = read_prompt(config["start"])
     if not text:
         raise UserError("the prompt is empty: pass --start=<text> (or FILE:path)")
     ids = tokenizer.encode(text)
-    block_size = model.config.block_size
-    extra = 1 if objective == "ul2" else 2 if (arch, objective) == ("t5", "span_corruption") else 0  # mode/sentinel
-    if len(ids) + extra > block_size:
-        raise UserError(f"the prompt has {len(ids)} tokens but the model's context is {block_size}: shorten it")
-    if arch == "bert" and len(ids) + config["max_new_tokens"] > block_size:
-        raise UserError(f"bert fills masks inside its context: prompt ({len(ids)}) + --max_new_tokens "
-                        f"({config['max_new_tokens']}) must be at most {block_size}")
+    check_sample_config(config, arch, len(ids), model.config.block_size, objective)
+    check_memory(model, config, len(ids))
     torch.manual_seed(config["seed"])
     generator = torch.Generator(device=device).manual_seed(config["seed"])
-    prompt = torch.tensor([ids], dtype=torch.long, device=device)
-    all_specials = torch.arange(specials.num_ordinary, meta["vocab_size"], device=device)
-    top_k = config["top_k"] or None
-    n, N = config["num_samples"], config["max_new_tokens"]
+    num_samples, max_new_tokens = config["num_samples"], config["max_new_tokens"]
 
     t0 = time.perf_counter()
-    if arch == "bert":
-        tokens, passes = iterative_unmask(model, prompt, N, config["steps"], specials.mask, n, config["temperature"],
-                                          top_k, config["order"], config["block_length"], generator, all_specials)
-        how = f"iterative unmasking ({config['order']}, {passes} full forward passes for {N} tokens)"
-        outputs = [tokenizer.decode(row) for row in tokens.tolist()]
-    elif arch == "t5":
-        # what the encoder reads depends on how it was trained: span filling, UL2's [S2S] mode, or a prefix
-        if objective == "span_corruption":
-            source = ids + [specials.sentinels[0], specials.eos]
-            banned = torch.tensor([specials.pad, specials.mask, *specials.modes.values()], device=device)
+    with StopSignals("stopping: printing what was generated so far") as stop:
+        if arch == "bert":
+            new_tokens, how, passes = generate_by_unmasking(model, ids, specials, config, generator, stop)
         else:
-            source = ([specials.modes["S"]] if objective == "ul2" else []) + ids
-            banned = all_specials
-        tokens = generate(model, None, N, n, config["temperature"], top_k, not config["no_cache"], generator,
-                          banned, encoder_inputs=torch.tensor([source], device=device), start_token=specials.pad)
-        passes = N
-        how = "encoder once, cached decoder" if not config["no_cache"] else "encoder + decoder recomputed per token"
-        outputs = [text + " => " + tokenizer.decode(row[1:]).split("[EOS]")[0] for row in tokens.tolist()]
-    else:
-        if objective == "ul2":  # UL2's sequential denoiser reads [S2S] first
-            prompt = torch.cat([torch.tensor([[specials.modes["S"]]], device=device), prompt], dim=1)
-        tokens = generate(model, prompt, N, n, config["temperature"], top_k, not config["no_cache"], generator,
-                          all_specials)
-        passes = N
-        how = "KV cache (one shared prefill, one position per step)" if not config["no_cache"] else \
-            "full recomputation per token"
-        outputs = [tokenizer.decode(row[prompt.size(1):]) for row in tokens.tolist()]
-        outputs = [text + out for out in outputs]
+            new_tokens, how = generate_left_to_right(model, ids, objective, specials, config, generator, stop)
+            passes = len(new_tokens[0])
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    for out in outputs:
-        print(out)
+    for row in new_tokens:
+        if arch == "t5":
+            print(text + " => " + tokenizer.decode(row).split("[EOS]")[0])
+        else:
+            print(text + tokenizer.decode(row))
         print("---------------")
-    print(f"{arch} ({objective}): {n} x {N} tokens in {seconds:.2f} s = {n * N / seconds:,.1f} tokens/s; "
-          f"{how}; {passes} forward passes per sample")
+    made = len(new_tokens[0]) if arch != "bert" else max_new_tokens
+    print(f"{arch} ({objective}): {num_samples} x {made} tokens in {seconds:.2f} s = "
+          f"{num_samples * made / seconds:,.1f} tokens/s; {how}; {passes} forward passes per sample")
+    if stop and arch == "bert":
+        print(f"interrupted after {passes} passes: the [MASK]s shown were not filled")
+    elif stop:
+        print(f"interrupted: {made} of {max_new_tokens} new tokens generated; the rest were not")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ import torch.nn.functional as F
 
 import objectives
 import train
-from configurator import UserError, apply_overrides, run_main
+from configurator import UserError, apply_overrides, model_config, pick_device, run_main
+from dataset import get_windows, load_dataset
 from model import IGNORE_INDEX, ModelConfig, Transformer
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="study_results",
@@ -65,7 +66,8 @@ def train_all(scale, config, device, meta):
     s = SCALES[scale]
     gpt = Transformer(ModelConfig(arch="gpt", vocab_size=meta["vocab_size"], block_size=s["block_size"], n_layer=s["n_layer"],
                                   n_head=s["n_head"], n_embd=s["n_embd"], bias=False))
-    budget = s["gpt_iters"] * s["batch_size"] * gpt.training_flops(s["block_size"])
+    one_batch = objectives.clm(torch.zeros(s["batch_size"], s["block_size"] + 1, dtype=torch.long))
+    budget = s["gpt_iters"] * gpt.training_flops(one_batch)
     trained = {}
     for name, arch, objective, extra in MODELS:
         layers = dict(n_layer=s["n_layer"] // 2 or 1, n_decoder_layer=s["n_layer"] // 2 or 1) if arch == "t5" else {}
@@ -79,7 +81,7 @@ def train_all(scale, config, device, meta):
         args.update(**layers, **extra, eval_iters=s["eval_iters"])
         run_config = train.resolve_config([f"--{k}={v}" for k, v in args.items()])
         # every model decays its learning rate over its own share of the budget: its own iteration count
-        per_step = s["batch_size"] * estimate_step_flops(run_config, s, meta)
+        per_step = estimate_step_flops(run_config, s, meta)
         run_config["lr_decay_iters"] = int(budget / per_step) + 1
         t0 = time.perf_counter()
         try:
@@ -98,13 +100,11 @@ def train_all(scale, config, device, meta):
 
 
 def estimate_step_flops(config, s, meta):
-    """FLOPs of one example's step, from a batch the objective really produces (t5's lengths depend on it)."""
-    model = Transformer(train.model_config(config, vocab_size=meta["vocab_size"]))
+    """FLOPs of one training step, from a batch the objective really produces (t5's lengths depend on it)."""
+    model = Transformer(model_config(config, vocab_size=meta["vocab_size"]))
     specials = objectives.Specials.from_meta(meta)
-    windows = torch.randint(0, specials.num_ordinary, (8, s["block_size"] + 1))
-    batch = train.batch_for(config, windows, specials, torch.Generator().manual_seed(0))
-    dec = batch.decoder_inputs.size(1) if batch.decoder_inputs is not None else 0
-    return model.training_flops(batch.inputs.size(1), dec)
+    windows = torch.randint(0, specials.num_ordinary, (s["batch_size"], s["block_size"] + 1))
+    return model.training_flops(train.batch_for(config, windows, specials, torch.Generator().manual_seed(0)))
 
 
 # ----------------------------------------------------------------------------- common metrics
@@ -306,16 +306,16 @@ def main():
         raise UserError(f"unknown --scale={scale}: cpu or gpu (or --quick)")
     if config["seed"] < 0:
         raise UserError("--seed must not be negative")
-    device = train.pick_device(config["device"])
+    device = pick_device(config["device"])
     torch.manual_seed(config["seed"])
     s = SCALES[scale]
     t0 = time.perf_counter()
-    splits, meta = train.load_dataset(config["dataset"], s["block_size"], prepare_if_missing=True)
+    splits, meta = load_dataset(config["dataset"], s["block_size"], prepare_if_missing=True)
     trained, budget = train_all(scale, config, device, meta)
     specials = objectives.Specials.from_meta(meta)
     rng = np.random.default_rng(config["seed"] + 7)
     # block_size - 1 characters: room for the EOS that t5 expects after its input
-    windows = train.get_windows(splits["val"], s["eval_windows"], s["block_size"] - 2, rng).to(device)
+    windows = get_windows(splits["val"], s["eval_windows"], s["block_size"] - 2, rng).to(device)
     N, T = windows.shape
     k = max(1, round(0.15 * (T - 1)))
     blanks = torch.stack([torch.randperm(T - 1, generator=torch.Generator().manual_seed(i))[:k] + 1

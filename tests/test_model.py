@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from model import ARCHS, ModelConfig, Transformer, config_from_preset, IGNORE_INDEX
+from objectives import Batch
 
 # parameter counts of the reference implementations (Hugging Face GPT2LMHeadModel, BertModel, T5Model)
 PUBLISHED = {"gpt2": 124_439_808, "bert-base": 109_482_240, "t5-small": 60_506_624}
@@ -68,4 +69,5 @@ def test_longer_than_block_size_is_an_error():
 def test_training_flops_match_the_6n_plus_attention_rule():
     model = Transformer(ModelConfig(arch="gpt", vocab_size=100, block_size=64, n_layer=2, n_head=2, n_embd=32))
     n = model.num_parameters(exclude_positions=True) - 2 * 32  # final norm does no matmul
-    assert model.training_flops(64) == 6 * 64 * n + 12 * 2 * 64 * 64 * 32
+    batch = Batch(inputs=torch.zeros(3, 64, dtype=torch.long), targets=torch.zeros(3, 64, dtype=torch.long))
+    assert model.training_flops(batch) == 3 * (6 * 64 * n + 12 * 2 * 64 * 64 * 32)

@@ -121,7 +121,7 @@ def test_span_corruption_batches_fit_the_block(specials, arch):
 def test_prefix_lm_supervises_the_suffix_only(specials):
     T = 32
     w = windows_of(64, T, specials)
-    b = O.prefix_lm(w, torch.Generator().manual_seed(0), "prefixlm", specials)
+    b = O.prefix_lm(w, specials, torch.Generator().manual_seed(0), "prefixlm")
     assert b.inputs.shape == (64, T) and torch.equal(b.inputs, w[:, :-1])
     P = b.prefix_length
     assert P.min() >= 1 and P.max() <= T - 1
@@ -129,7 +129,7 @@ def test_prefix_lm_supervises_the_suffix_only(specials):
         supervised = (b.targets[row] != IGNORE_INDEX).nonzero().flatten()
         assert supervised.tolist() == list(range(P[row] - 1, T))
         assert torch.equal(b.targets[row, P[row] - 1:], w[row, P[row]:])
-    t5 = O.prefix_lm(w, torch.Generator().manual_seed(0), "t5", specials)
+    t5 = O.prefix_lm(w, specials, torch.Generator().manual_seed(0), "t5")
     for row in range(64):  # t5: prefix to the encoder, suffix from the decoder; together the window
         source = t5.inputs[row, :t5.input_lengths[row]] if t5.input_lengths is not None else t5.inputs[row]
         target = t5.targets[row][t5.targets[row] != IGNORE_INDEX]

@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+import checkpoint
 import train
 from conftest import ROOT, run_script, tiny_args
 
@@ -53,12 +54,14 @@ def test_checkpoints_keep_latest_and_best(char_dataset, tmp_path):
 
 
 def fake_state(iteration, **extra):
-    return {**{key: None for key in train.CHECKPOINT_KEYS}, "iter_num": iteration, **extra}
+    """The smallest state load_checkpoint accepts: every entry present, of the right type."""
+    return {"model": {}, "optimizer": {}, "config": {}, "model_config": {}, "meta": {}, "iter_num": iteration,
+            "best_val_loss": float("inf"), "flops_done": 0.0, "rng": [], **extra}
 
 
 def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     path = str(tmp_path / "ckpt.pt")
-    train.save_checkpoint(fake_state(1, weights=torch.ones(10)), path)
+    checkpoint.save_checkpoint(fake_state(1, weights=torch.ones(10)), path)
 
     def broken_save(obj, f):  # writes half a file, then the process "dies"
         f.write(b"\x80\x02partial")
@@ -66,26 +69,26 @@ def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, "save", broken_save)
     with pytest.raises(KeyboardInterrupt):
-        train.save_checkpoint(fake_state(2), path)
+        checkpoint.save_checkpoint(fake_state(2), path)
     monkeypatch.undo()
-    assert train.load_checkpoint(path)["iter_num"] == 1
+    assert checkpoint.load_checkpoint(path)["iter_num"] == 1
 
 
 def test_a_process_killed_while_saving_leaves_a_loadable_checkpoint(tmp_path):
     path = str(tmp_path / "ckpt.pt")
-    train.save_checkpoint(fake_state(1), path)
+    checkpoint.save_checkpoint(fake_state(1), path)
     # the child's torch.save writes half a file, says so, and hangs: the kill lands mid-write, every time
-    script = (f"import sys, time; sys.path.insert(0, {ROOT!r}); import torch, train\n"
+    script = (f"import sys, time; sys.path.insert(0, {ROOT!r}); import torch, checkpoint\n"
               f"def slow_save(obj, f):\n"
               f"    f.write(b'half a checkpoint'); f.flush(); print('writing', flush=True); time.sleep(60)\n"
               f"torch.save = slow_save\n"
-              f"train.save_checkpoint({{k: None for k in train.CHECKPOINT_KEYS}}, {path!r})\n")
+              f"checkpoint.save_checkpoint({{k: None for k in checkpoint.CHECKPOINT_KEYS}}, {path!r})\n")
     process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert process.stdout.readline().strip() == "writing"
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert os.path.getsize(path + ".tmp") > 0  # the interrupted write is there, beside the checkpoint
-    assert train.load_checkpoint(path)["iter_num"] == 1  # the previous checkpoint, intact
+    assert checkpoint.load_checkpoint(path)["iter_num"] == 1  # the previous checkpoint, intact
 
 
 def test_ctrl_c_saves_and_exits_zero_then_resume_continues(char_dataset, tmp_path):
@@ -101,12 +104,12 @@ def test_ctrl_c_saves_and_exits_zero_then_resume_continues(char_dataset, tmp_pat
     stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 0, stderr
     assert "interrupted" in stdout and "--init_from=resume" in stdout and "Traceback" not in stderr
-    saved = train.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"]
+    saved = checkpoint.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"]
     assert saved > 20
     result = run_script("train.py", *tiny_args(char_dataset, out, init_from="resume", max_iters=saved + 5,
                                                lr_decay_iters=100000, eval_interval=100000))
     assert result.returncode == 0, result.stderr
-    assert train.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"] == saved + 5
+    assert checkpoint.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"] == saved + 5
 
 
 def test_a_new_run_does_not_overwrite_a_checkpoint_unless_asked(char_dataset, tmp_path):
@@ -137,15 +140,15 @@ def test_two_process_data_parallel_run(char_dataset, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("iter 5:") == 1  # only rank 0 logs
     assert "parameters identical on all 2 processes: True" in result.stdout  # gradients were averaged
-    checkpoint = train.load_checkpoint(os.path.join(out, "ckpt.pt"))
-    assert checkpoint["iter_num"] == 6 and len(checkpoint["rng"]) == 2  # each process's RNG state
-    assert checkpoint["rng"][0]["numpy_data"] != checkpoint["rng"][1]["numpy_data"]
+    saved = checkpoint.load_checkpoint(os.path.join(out, "ckpt.pt"))
+    assert saved["iter_num"] == 6 and len(saved["rng"]) == 2  # each process's RNG state
+    assert saved["rng"][0]["numpy_data"] != saved["rng"][1]["numpy_data"]
     assert sorted(os.listdir(out)) == ["best.pt", "ckpt.pt", "log.jsonl"]
     resumed = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                               os.path.join(ROOT, "train.py"), *args, "--init_from=resume", "--max_iters=8"],
                              capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert train.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"] == 8
+    assert checkpoint.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"] == 8
 
 
 def test_gradient_accumulation_must_divide_across_processes(char_dataset, tmp_path):

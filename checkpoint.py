@@ -1,0 +1,209 @@
+"""
+A run's files in its out_dir, and what makes resuming exact:
+
+    ckpt.pt / best.pt   the latest and the best checkpoint: weights, optimizer, config, the dataset's meta, the
+                        iteration, and every process's RNG states (so a resumed run draws the same windows, noise
+                        and dropout as an uninterrupted one: tests/test_reliability.py checks bit-identity)
+    log.jsonl           one JSON object per line, on disk as soon as it is written
+    lock                the PID of the one run that owns the out_dir while it trains
+
+Writes are atomic (a temporary file, fsync, rename): a process killed or a disk filling up mid-save leaves the
+previous checkpoint intact. Everything a user can get wrong ends in a UserError with one line that says what to do.
+"""
+import errno
+import json
+import os
+import random
+from dataclasses import fields
+
+import torch
+
+from configurator import MODEL_KEYS, UserError
+from model import ModelConfig, Transformer
+
+CHECKPOINT_KEYS = ("model", "optimizer", "config", "model_config", "meta", "iter_num", "best_val_loss", "flops_done",
+                   "rng")
+
+
+class CheckpointWriteFailed(Exception):
+    """The disk refused a save (full, a file-size limit, gone): one line, exit status 1."""
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+def save_checkpoint(state, path):
+    """Atomic: write a temporary file, flush and fsync it, then rename it over the old one."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+    except (OSError, RuntimeError) as e:  # torch.save reports a failed write as RuntimeError
+        remove_quietly(tmp)
+        reason = os.strerror(e.errno) if getattr(e, "errno", None) else "the write failed"
+        if "file write failed" in str(e) or isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EFBIG):
+            reason = "no space left (or a file-size limit reached)"
+        previous = f"the previous checkpoint at {path} is intact" if os.path.exists(path) else \
+            "no checkpoint was written"
+        raise CheckpointWriteFailed(f"{reason} writing {path}; {previous}") from None
+    except BaseException:  # Ctrl-C mid-save: the old checkpoint stays, the partial file goes
+        remove_quietly(tmp)
+        raise
+    os.replace(tmp, path)
+
+
+def remove_quietly(path):
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def load_checkpoint(path, device="cpu"):
+    if os.path.isdir(path):
+        raise UserError(f"{path} is a folder, not a checkpoint: pass the ckpt.pt (or best.pt) file inside a run")
+    if not os.path.exists(path):
+        raise UserError(f"no checkpoint at {path}: train first (python train.py ...) or fix --out_dir")
+    try:
+        checkpoint = torch.load(path, map_location=device, weights_only=False)
+    except Exception as e:
+        raise UserError(f"{path} is not a checkpoint torch can read ({type(e).__name__}): pass the ckpt.pt or "
+                        f"best.pt written by train.py") from None
+    missing = [k for k in CHECKPOINT_KEYS if not isinstance(checkpoint, dict) or checkpoint.get(k) is None
+               and k != "best_val_loss"]
+    if missing:
+        raise UserError(f"{path} is not a checkpoint of this project (no {', '.join(missing)}): retrain")
+    wrong = [k for k, kind in (("model", dict), ("optimizer", dict), ("config", dict), ("model_config", dict),
+                               ("meta", dict), ("iter_num", int), ("rng", list)) if not isinstance(checkpoint[k], kind)]
+    known = {f.name for f in fields(ModelConfig)}
+    unknown = sorted(set(checkpoint["model_config"]) - known) if not wrong else []
+    if wrong or unknown:
+        what = f"{', '.join(wrong)} of the wrong type" if wrong else f"model settings this version does not know: " \
+                                                                     f"{', '.join(unknown)}"
+        raise UserError(f"{path} has {what}: it was not written by this version of train.py; retrain")
+    return checkpoint
+
+
+def model_from_checkpoint(checkpoint, path):
+    """The Transformer a checkpoint describes, with its weights; a mismatch is a UserError, not a traceback."""
+    try:
+        model = Transformer(ModelConfig(**checkpoint["model_config"]))
+        model.load_state_dict(checkpoint["model"])
+    except (ValueError, TypeError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"{path}: its weights do not fit its model settings ({first[:160]}); retrain") from None
+    return model
+
+
+def load_model(path, device):
+    """(model in eval mode on device, checkpoint) from a checkpoint file: what sample.py and friends need."""
+    checkpoint = load_checkpoint(path, device)
+    return model_from_checkpoint(checkpoint, path).to(device).eval(), checkpoint
+
+
+# ----------------------------------------------------------------------------- exact resume
+
+def rng_state(data_rng, objective_rng):
+    return {"python": random.getstate(), "numpy_data": data_rng.bit_generator.state, "objective": objective_rng.get_state(),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def restore_rng(state, data_rng, objective_rng):
+    random.setstate(state["python"])
+    data_rng.bit_generator.state = state["numpy_data"]
+    objective_rng.set_state(state["objective"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def check_resume(config, checkpoint, meta):
+    """Resuming continues the same run: the model's shape, the objective and the vocabulary must match."""
+    saved = checkpoint["config"]
+    for key in MODEL_KEYS + ("objective",):  # another objective would mix units in the best-checkpoint comparison
+        if saved.get(key) != config[key]:
+            raise UserError(f"cannot resume: --{key}={config[key]} but the checkpoint in {config['out_dir']} has "
+                            f"{key}={saved.get(key)}; pass --{key}={saved.get(key)} (or a new --out_dir)")
+    saved_meta = checkpoint["meta"]
+    if any(saved_meta.get(k) != meta.get(k) for k in ("vocab_size", "tokenizer", "itos")):
+        raise UserError(f"cannot resume: the vocabulary of dataset {config['dataset']} ({meta['vocab_size']} tokens) "
+                        f"is not the checkpoint's ({saved_meta.get('vocab_size')} tokens); use the checkpoint's "
+                        f"dataset")
+
+
+# ----------------------------------------------------------------------------- the log and the lock
+
+class RunLog:
+    """log.jsonl. Each line is flushed when written (a crash loses at most the lines not yet read back from the
+    device) and fsynced at each checkpoint. A resumed run keeps the lines before the checkpoint's iteration and
+    appends: no iteration appears twice."""
+
+    def __init__(self, path, resume_iteration=None):
+        self.path = path
+        if resume_iteration is not None and os.path.exists(path):
+            kept = []
+            with open(path) as f:
+                for line in f:
+                    try:
+                        if json.loads(line)["iter"] < resume_iteration:
+                            kept.append(line if line.endswith("\n") else line + "\n")
+                    except (ValueError, KeyError, TypeError):
+                        pass  # a line cut short by a crash
+            with open(path + ".tmp", "w") as f:
+                f.writelines(kept)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(path + ".tmp", path)
+        self.file = open(path, "a" if resume_iteration is not None else "w")
+
+    def write(self, record):
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def sync(self):
+        os.fsync(self.file.fileno())
+
+    def close(self):
+        self.file.close()
+
+
+class OutDirLock:
+    """One run per out_dir: an exclusive lock on out_dir/lock, which holds the owner's PID. The kernel releases
+    it when the process ends, however it ends, so a dead run's lock never blocks the next one."""
+
+    def __init__(self, out_dir):
+        self.path = os.path.join(out_dir, "lock")
+        self.file = None
+
+    def acquire(self):
+        import fcntl
+        while True:
+            f = open(self.path, "a+")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                f.seek(0)
+                owner = f.read().strip() or "unknown"
+                f.close()
+                raise UserError(f"another run (PID {owner}) is using {os.path.dirname(self.path)}: wait for it, stop "
+                                f"it, or choose another --out_dir") from None
+            try:  # the file we locked must still be the one at the path (its owner may have just removed it)
+                same = os.fstat(f.fileno()).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            f.close()
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        self.file = f
+
+    def release(self):
+        if self.file is not None:
+            remove_quietly(self.path)
+            self.file.close()
+            self.file = None

@@ -1,0 +1,90 @@
+"""
+Data parallel training (DDP): one process per device under torchrun, each on different windows, gradients
+averaged every step. Everything the processes must agree on (when to stop, whether to save, whether the loss
+diverged, one process's error) goes through `Processes`, so train.py's loop reads the same with one process
+(where every method below is trivial) or many.
+
+    torchrun --standalone --nproc_per_node=2 train.py ...   # gloo on CPUs, NCCL on GPUs
+"""
+import os
+
+import torch
+
+from configurator import UserError, pick_device
+
+
+class Processes:
+    def __init__(self, config):
+        self.ddp = int(os.environ.get("RANK", -1)) != -1
+        self.rank, self.world_size = 0, 1
+        self.device = pick_device(config["device"])
+        if self.ddp:
+            import torch.distributed as dist
+            self.dist = dist
+            self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+            if self.device.startswith("cuda"):
+                self.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+                torch.cuda.set_device(self.device)  # NCCL's object collectives use the current device
+        self.master = self.rank == 0  # the process that evaluates, logs and writes
+
+    def wrap(self, model):
+        if not self.ddp:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+        return DistributedDataParallel(model, device_ids=[int(os.environ["LOCAL_RANK"])]
+                                       if self.device.startswith("cuda") else None)
+
+    def sum(self, values):
+        """Element-wise sum of a list of floats over the processes."""
+        if not self.ddp:
+            return values
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        self.dist.all_reduce(tensor)
+        return tensor.tolist()
+
+    def minimum(self, value):
+        if not self.ddp:
+            return value
+        tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
+        self.dist.all_reduce(tensor, op=self.dist.ReduceOp.MIN)
+        return tensor.item()
+
+    def from_master(self, values):
+        """The master's list of (picklable) values, on every process."""
+        if not self.ddp:
+            return values
+        values = list(values)
+        self.dist.broadcast_object_list(values, src=0)
+        return values
+
+    def gather(self, value):
+        """[value of process 0, value of process 1, ...] on every process."""
+        if not self.ddp:
+            return [value]
+        gathered = [None] * self.world_size
+        self.dist.all_gather_object(gathered, value)
+        return gathered
+
+    def master_first(self, work):
+        """Run `work` on the master first (e.g. preparing the dataset), then on the others."""
+        if self.ddp and not self.master:
+            self.dist.barrier()
+        try:
+            return work()
+        finally:
+            if self.ddp and self.master:
+                self.dist.barrier()
+
+    def master_only(self, work):
+        """Run `work` on the master; a UserError there is raised on every process (rather than leaving the
+        others waiting for it forever)."""
+        result, error = None, None
+        if self.master:
+            try:
+                result = work()
+            except UserError as e:
+                error = str(e)
+        (error,) = self.from_master([error])
+        if error:
+            raise UserError(error)
+        return result

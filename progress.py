@@ -1,0 +1,78 @@
+"""
+Long work talks, and stops when asked. Every script of the project uses these two:
+
+    progress = Progress("eval val", total=200)
+    for k in range(200):
+        ...
+        progress.update(k + 1)              # "eval val 40/200, 52 s so far, ~3 min left", at most every 10 s
+
+    with StopSignals("stopping after this step") as stop:
+        while work_left:
+            ...
+            if stop:                        # Ctrl-C (SIGINT) or SIGTERM set it; the work saves what it finished
+                break                       # and says what it did not do. A second signal raises KeyboardInterrupt.
+
+Plain prints, no dependency: a line every ~10 s is enough to tell a user the job is alive and when it will end.
+"""
+import signal
+import threading
+import time
+
+
+def format_duration(seconds):
+    if seconds != seconds:  # NaN: nothing measured yet
+        return "?"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class Progress:
+    """Prints `what done/total, elapsed, ~left` when at least `every` seconds passed since the last line."""
+
+    def __init__(self, what, total, every=10.0, log=print):
+        self.what, self.total, self.every, self.log = what, total, every, log
+        self.start = self.last = time.perf_counter()
+
+    def update(self, done):
+        now = time.perf_counter()
+        if now - self.last < self.every:
+            return
+        self.last = now
+        elapsed = now - self.start
+        left = elapsed / done * (self.total - done) if done else float("nan")
+        self.log(f"{self.what} {done}/{self.total}, {format_duration(elapsed)} so far, ~{format_duration(left)} left",
+                 flush=True)
+
+
+class StopSignals:
+    """A context in which SIGINT and SIGTERM do not kill the process but set a flag that the work checks
+    (`if stop:`) at points where stopping loses nothing. A second signal raises KeyboardInterrupt at once, for a
+    user who does not want to wait. Outside the main thread (where Python cannot install handlers) it is a no-op."""
+
+    def __init__(self, message=None, log=print):
+        self.message, self.log = message, log
+        self.requested = False
+        self.previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def _on_signal(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        if self.message:
+            self.log(f"{signal.Signals(signum).name}: {self.message} (again to quit at once)", flush=True)
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        return False
+
+    def __bool__(self):
+        return self.requested
