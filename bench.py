@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from configurator import UserError, apply_overrides, pick_device, run_main
+from progress import Progress, StopSignals, format_duration
 from timing import copy_bandwidth, matmul_flops_per_second, median_time
 
 SECTIONS = ("ceilings", "training", "attention", "decoding", "prefix")
@@ -98,7 +99,9 @@ def bench_training(device, s, repeats, results):
     specials = synthetic_specials(s["vocab"])
     peak = results["ceilings"]["matmul_flops"]
     rows, data = [], {}
-    for arch in ("gpt", "bert", "prefixlm", "t5"):
+    progress = Progress("[bench] training", 4)
+    for done, arch in enumerate(("gpt", "bert", "prefixlm", "t5")):
+        progress.update(done)
         model = build(arch, s, device)
         optimizer = model.configure_optimizer(0.1, 1e-4, (0.9, 0.95), "cuda" if device.startswith("cuda") else device)
         generator = torch.Generator().manual_seed(0)
@@ -198,7 +201,9 @@ def bench_decoding(device, s, repeats, results):
     curves = {"gpt cached": [], "gpt recomputed": [], "prefixlm cached": [], "t5 cached": [],
               "bert recomputed (1 pass)": []}
     with torch.no_grad(), autocast_for(device, s["dtype"]):
-        for L in lengths:
+        progress = Progress("[bench] decoding, context lengths", len(lengths))
+        for done, L in enumerate(lengths):
+            progress.update(done)
             for arch in ("gpt", "prefixlm", "t5"):
                 model = models[arch]
                 cache = K.KVCache(model, 1, T)
@@ -315,6 +320,22 @@ def plot(results, path):
     return path
 
 
+def check_out_path(out):
+    """--out is the JSON file; the markdown and PNG go beside it. Find out now, not after the run, if it cannot be
+    written."""
+    if not out.endswith(".json"):
+        raise UserError(f"--out={out} must name a .json file (the markdown and PNG are written beside it)")
+    if os.path.isdir(out):
+        raise UserError(f"--out={out} is a folder: name a .json file, e.g. {os.path.join(out, 'bench.json')}")
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out + ".tmp", "w"):
+            pass
+        os.remove(out + ".tmp")
+    except OSError as e:
+        raise UserError(f"cannot write --out={out} ({e.strerror}): choose another path")
+
+
 def main():
     config = apply_overrides(DEFAULTS, sys.argv[1:])
     chosen = SECTIONS if config["sections"] == "all" else tuple(x.strip() for x in config["sections"].split(","))
@@ -327,32 +348,41 @@ def main():
     s = sizes(device, config["quick"])
     name = "cuda" if device.startswith("cuda") else device
     out = config["out"] or os.path.join("bench_results", f"bench-{name}{'-quick' if config['quick'] else ''}.json")
-    try:  # find out now, not after the whole run, if the results cannot be written
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        with open(out + ".tmp", "w"):
-            pass
-        os.remove(out + ".tmp")
-    except OSError as e:
-        raise UserError(f"cannot write --out={out} ({e.strerror}): choose another path")
+    check_out_path(out)
     repeats = 2 if config["quick"] else config["repeats"]
-    machine = torch.cuda.get_device_name(device) if device.startswith("cuda") else \
-        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    if device.startswith("cuda"):
+        machine = torch.cuda.get_device_name(device)
+    else:
+        machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
     print(f"## bench.py on {device} ({machine}), torch {torch.__version__}; model {s['n_layer']} layers x "
           f"{s['n_embd']} dims, block {s['block_size']}; medians of {repeats}")
-    results = {"device": device, "machine": machine, "torch": torch.__version__, "sizes": {k: str(v) for k, v in
-                                                                                          s.items()}}
+    results = {"device": device, "machine": machine, "torch": torch.__version__,
+               "sizes": {k: str(v) for k, v in s.items()}}
+    sections = {"ceilings": bench_ceilings, "training": bench_training, "attention": bench_attention,
+                "decoding": bench_decoding, "prefix": bench_prefix}
+    todo = ["ceilings"] + [x for x in chosen if x != "ceilings"]  # every other section is read against ceilings
     t0 = time.perf_counter()
-    texts = [bench_ceilings(device, s, repeats, results)]  # every other section is read against these
-    for section in chosen:
-        if section != "ceilings":
-            texts.append(globals()[f"bench_{section}"](device, s, repeats, results))
+    texts, finished = [], []
+    try:  # Ctrl-C or SIGTERM: the sections already finished are written, the message names the others
+        with StopSignals(immediate=True):
+            for i, section in enumerate(todo):
+                elapsed = time.perf_counter() - t0
+                print(f"\n[bench] section {i + 1}/{len(todo)}: {section}, {format_duration(elapsed)} so far", flush=True)
+                texts.append(sections[section](device, s, repeats, results))
+                finished.append(section)
+    except KeyboardInterrupt:
+        not_done = [x for x in todo if x not in finished]
+        results["not_done"] = not_done
+        print(f"\ninterrupted: sections not done: {', '.join(not_done)}", flush=True)
     results["seconds"] = time.perf_counter() - t0
     with open(out + ".tmp", "w") as f:
         json.dump(results, f, indent=1)
     os.replace(out + ".tmp", out)
     with open(os.path.splitext(out)[0] + ".md", "w") as f:
         f.write(f"bench.py on {device} ({machine}), torch {torch.__version__}\n" + "\n".join(texts) + "\n")
-    picture = plot(results, os.path.splitext(out)[0] + ".png") if config["plots"] and "decoding" in results else None
+    picture = None
+    if config["plots"] and "decoding" in finished:
+        picture = plot(results, os.path.splitext(out)[0] + ".png")
     print(f"\nwrote {out}{' and ' + picture if picture else ''} in {results['seconds']:.0f} s")
 
 

@@ -19,6 +19,7 @@ from dataclasses import fields
 import torch
 
 from configurator import MODEL_KEYS, UserError
+from dataset import META_KEYS
 from model import ModelConfig, Transformer
 
 CHECKPOINT_KEYS = ("model", "optimizer", "config", "model_config", "meta", "iter_num", "best_val_loss", "flops_done",
@@ -39,11 +40,15 @@ def save_checkpoint(state, path):
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
-    except (OSError, RuntimeError) as e:  # torch.save reports a failed write as RuntimeError
+    except (OSError, RuntimeError) as e:  # torch.save reports a failed write as a RuntimeError, the OSError inside
         remove_quietly(tmp)
-        reason = os.strerror(e.errno) if getattr(e, "errno", None) else "the write failed"
-        if "file write failed" in str(e) or isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EFBIG):
-            reason = "no space left (or a file-size limit reached)"
+        cause = e if isinstance(e, OSError) else e.__context__
+        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            reason = "no space left (a full disk or a file-size limit)"
+        elif isinstance(cause, OSError):
+            reason = cause.strerror or type(cause).__name__
+        else:
+            reason = f"the write failed ({str(e).strip()[:80]})"
         previous = f"the previous checkpoint at {path} is intact" if os.path.exists(path) else \
             "no checkpoint was written"
         raise CheckpointWriteFailed(f"{reason} writing {path}; {previous}") from None
@@ -76,6 +81,8 @@ def load_checkpoint(path, device="cpu"):
         raise UserError(f"{path} is not a checkpoint of this project (no {', '.join(missing)}): retrain")
     wrong = [k for k, kind in (("model", dict), ("optimizer", dict), ("config", dict), ("model_config", dict),
                                ("meta", dict), ("iter_num", int), ("rng", list)) if not isinstance(checkpoint[k], kind)]
+    if not wrong and any(k not in checkpoint["meta"] for k in META_KEYS):
+        wrong = ["meta"]
     known = {f.name for f in fields(ModelConfig)}
     unknown = sorted(set(checkpoint["model_config"]) - known) if not wrong else []
     if wrong or unknown:
@@ -89,8 +96,15 @@ def model_from_checkpoint(checkpoint, path):
     """The Transformer a checkpoint describes, with its weights; a mismatch is a UserError, not a traceback."""
     try:
         model = Transformer(ModelConfig(**checkpoint["model_config"]))
+    except (ValueError, TypeError) as e:
+        raise UserError(f"{path}: its model settings cannot be built ({e}); retrain") from None
+    return load_weights(model, checkpoint, path)
+
+
+def load_weights(model, checkpoint, path):
+    try:
         model.load_state_dict(checkpoint["model"])
-    except (ValueError, TypeError, RuntimeError) as e:
+    except (RuntimeError, TypeError, AttributeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"{path}: its weights do not fit its model settings ({first[:160]}); retrain") from None
     return model

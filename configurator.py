@@ -32,6 +32,9 @@ def run_main(main):
     except UserError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C where the script keeps nothing partial (its writes are atomic)
+        print(f"{prog}: interrupted; nothing written", file=sys.stderr)
+        sys.exit(130)
 
 
 def _check_type(key, value, default):

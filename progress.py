@@ -50,10 +50,12 @@ class Progress:
 class StopSignals:
     """A context in which SIGINT and SIGTERM do not kill the process but set a flag that the work checks
     (`if stop:`) at points where stopping loses nothing. A second signal raises KeyboardInterrupt at once, for a
-    user who does not want to wait. Outside the main thread (where Python cannot install handlers) it is a no-op."""
+    user who does not want to wait. immediate=True raises KeyboardInterrupt at the first signal, SIGTERM included:
+    for work whose every finished piece is already kept (bench.py's sections, study.py's models), which catches
+    it and writes what it has. Outside the main thread (where Python cannot install handlers) it is a no-op."""
 
-    def __init__(self, message=None, log=print):
-        self.message, self.log = message, log
+    def __init__(self, message=None, log=print, immediate=False):
+        self.message, self.log, self.immediate = message, log, immediate
         self.requested = False
         self.previous = {}
 
@@ -63,7 +65,8 @@ class StopSignals:
         return self
 
     def _on_signal(self, signum, frame):
-        if self.requested:
+        if self.requested or self.immediate:
+            self.requested = True
             raise KeyboardInterrupt
         self.requested = True
         if self.message:

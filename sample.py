@@ -131,8 +131,12 @@ def iterative_unmask(model, prompt, num_new, steps, mask_id, num_samples=1, temp
 def read_prompt(start):
     if start.startswith("FILE:"):
         path = start[5:]
-        if not os.path.isfile(path):
+        if os.path.isdir(path):
+            raise UserError(f"prompt file {path} is a folder: pass FILE:<path of a text file>")
+        if not os.path.exists(path):
             raise UserError(f"prompt file {path} not found")
+        if not os.path.isfile(path):
+            raise UserError(f"prompt file {path} is not a regular file (a device or a pipe): pass a text file")
         try:
             with open(path, encoding="utf-8") as f:
                 return f.read()

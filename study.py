@@ -34,12 +34,13 @@ import torch.nn.functional as F
 
 import objectives
 import train
-from configurator import UserError, apply_overrides, model_config, pick_device, run_main
+from configurator import UserError, apply_overrides, check_seed, model_config, pick_device, run_main
+from progress import StopSignals, format_duration
 from dataset import get_windows, load_dataset
 from model import IGNORE_INDEX, ModelConfig, Transformer
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="study_results",
-                seed=1337, quiet=True)
+                seed=1337, quiet=False)  # quiet=True: no training log lines (only the study's own)
 
 SCALES = {  # model size and the FLOPs budget, expressed as gpt iterations
     "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, gpt_iters=2000, eval_windows=64,
@@ -68,8 +69,14 @@ def train_all(scale, config, device, meta):
                                   n_head=s["n_head"], n_embd=s["n_embd"], bias=False))
     one_batch = objectives.clm(torch.zeros(s["batch_size"], s["block_size"] + 1, dtype=torch.long))
     budget = s["gpt_iters"] * gpt.training_flops(one_batch)
-    trained = {}
-    for name, arch, objective, extra in MODELS:
+    trained, started = {}, time.perf_counter()
+    for number, (name, arch, objective, extra) in enumerate(MODELS):
+        if trained:  # equal FLOPs: models cost about the same, so the mean so far predicts the rest
+            per_model = (time.perf_counter() - started) / len(trained)
+            left = f", ~{format_duration(per_model * (len(MODELS) - number))} of training left"
+        else:
+            left = ""
+        print(f"[study] model {number + 1}/{len(MODELS)}: {name} ({arch}, {objective}){left}", flush=True)
         layers = dict(n_layer=s["n_layer"] // 2 or 1, n_decoder_layer=s["n_layer"] // 2 or 1) if arch == "t5" else {}
         args = dict(arch=arch, objective=objective, dataset=config["dataset"], device=device,
                     out_dir=os.path.join(config["out_dir"], "checkpoints", f"{scale}-{name}"), n_layer=s["n_layer"],
@@ -89,8 +96,11 @@ def train_all(scale, config, device, meta):
         except train.TrainingDiverged as e:
             raise UserError(f"{name} diverged: {e}") from None
         if result["interrupted"]:
-            raise UserError(f"interrupted while training {name}: no results written (its checkpoint is in "
-                            f"{run_config['out_dir']})")
+            not_trained = [m[0] for m in MODELS[number:]]
+            print(f"interrupted: trained {', '.join(trained) or 'no model'}; not finished: {', '.join(not_trained)} "
+                  f"({name}'s checkpoint is in {run_config['out_dir']}); no metrics computed, they compare every "
+                  f"model", flush=True)
+            return None, budget
         result["seconds"] = time.perf_counter() - t0
         result["objective"] = objective
         print(f"trained {name}: {result['iter_num']} iterations, {result['flops'] / 1e12:.2f} TFLOP, "
@@ -304,14 +314,15 @@ def main():
     scale = "quick" if config["quick"] else config["scale"]
     if scale not in SCALES:
         raise UserError(f"unknown --scale={scale}: cpu or gpu (or --quick)")
-    if config["seed"] < 0:
-        raise UserError("--seed must not be negative")
+    check_seed(config["seed"])
     device = pick_device(config["device"])
     torch.manual_seed(config["seed"])
     s = SCALES[scale]
     t0 = time.perf_counter()
     splits, meta = load_dataset(config["dataset"], s["block_size"], prepare_if_missing=True)
     trained, budget = train_all(scale, config, device, meta)
+    if trained is None:  # interrupted during training: what finished is on disk, and said
+        return
     specials = objectives.Specials.from_meta(meta)
     rng = np.random.default_rng(config["seed"] + 7)
     # block_size - 1 characters: room for the EOS that t5 expects after its input
@@ -322,36 +333,50 @@ def main():
                           for i in range(N)]).sort(dim=1).values.to(device)
 
     rows, data = [], {"scale": scale, "device": device, "budget_flops": budget, "models": {}}
-    for name, result in trained.items():
-        model = result["model"].eval()
-        generator = torch.Generator().manual_seed(config["seed"])
-        bits, extra = second_half_bits(name, model, windows, specials, generator)
-        cloze = cloze_accuracy(name, model, windows, blanks, specials, s["bayes_windows"])
-        entry = {"arch": model.config.arch, "objective": result["objective"],
-                 "parameters": model.num_parameters(), "iterations": result["iter_num"], "flops": result["flops"],
-                 "seconds": result["seconds"], "supervised_seen": result["supervised_seen"],
-                 "tokens_seen": result["tokens_seen"], "val_loss": result["val_loss"],
-                 "second_half_bits_per_char": bits, "cloze": cloze, **extra}
-        data["models"][name] = entry
-        cloze_text = ", ".join(f"{kind} {100 * value:.1f}%" for kind, value in cloze.items())
-        elbo = f" (ELBO {extra['elbo_bits']:.3f})" if "elbo_bits" in extra else ""
-        rows.append([name, result["objective"], f"{entry['parameters'] / 1e6:.2f}M", entry["iterations"],
-                     f"{entry['flops'] / 1e12:.2f}", f"{entry['supervised_seen']:,}", f"{entry['seconds']:.0f}",
-                     f"{entry['val_loss']:.3f}", f"{bits:.3f}{elbo}", cloze_text])
-    reference = unigram_reference(splits["train"], windows, blanks, specials.num_ordinary)
-    data["unigram_reference"] = reference
-    rows.append(["character frequencies (reference)", "-", "-", "-", "-", "-", "-", "-",
-                 f"{reference['bits_per_char']:.3f}", f"{100 * reference['cloze']:.1f}% (always the most frequent)"])
-    g = torch.Generator().manual_seed(config["seed"])
-    ablation = {name: non_mask_positions(trained[name]["model"], windows, specials, g)
-                for name in ("bert", "bert-100%-mask")}
-    ranks = {name: attention_ranks(trained[name]["model"], windows[:16]) for name in ("gpt", "bert")}
-    nope = nope_experiment(s["nope_steps"], device, config["seed"])
-    data.update(ablation=ablation, attention_rank=ranks, nope=nope, seconds=time.perf_counter() - t0)
+    not_done = [name for name in trained] + ["reference", "ablation", "attention_rank", "nope"]
+    try:  # Ctrl-C or SIGTERM: what was measured is written, and the message names what was not
+        with StopSignals(immediate=True):
+            for number, (name, result) in enumerate(trained.items()):
+                print(f"[study] metrics {number + 1}/{len(trained)}: {name}, "
+                      f"{format_duration(time.perf_counter() - t0)} so far", flush=True)
+                model = result["model"].eval()
+                generator = torch.Generator().manual_seed(config["seed"])
+                bits, extra = second_half_bits(name, model, windows, specials, generator)
+                cloze = cloze_accuracy(name, model, windows, blanks, specials, s["bayes_windows"])
+                entry = {"arch": model.config.arch, "objective": result["objective"],
+                         "parameters": model.num_parameters(), "iterations": result["iter_num"],
+                         "flops": result["flops"], "seconds": result["seconds"],
+                         "supervised_seen": result["supervised_seen"], "tokens_seen": result["tokens_seen"],
+                         "val_loss": result["val_loss"], "second_half_bits_per_char": bits, "cloze": cloze, **extra}
+                data["models"][name] = entry
+                not_done.remove(name)
+                cloze_text = ", ".join(f"{kind} {100 * value:.1f}%" for kind, value in cloze.items())
+                elbo = f" (ELBO {extra['elbo_bits']:.3f})" if "elbo_bits" in extra else ""
+                rows.append([name, result["objective"], f"{entry['parameters'] / 1e6:.2f}M", entry["iterations"],
+                             f"{entry['flops'] / 1e12:.2f}", f"{entry['supervised_seen']:,}", f"{entry['seconds']:.0f}",
+                             f"{entry['val_loss']:.3f}", f"{bits:.3f}{elbo}", cloze_text])
+            reference = unigram_reference(splits["train"], windows, blanks, specials.num_ordinary)
+            data["unigram_reference"] = reference
+            not_done.remove("reference")
+            rows.append(["character frequencies (reference)", "-", "-", "-", "-", "-", "-", "-",
+                         f"{reference['bits_per_char']:.3f}",
+                         f"{100 * reference['cloze']:.1f}% (always the most frequent)"])
+            g = torch.Generator().manual_seed(config["seed"])
+            data["ablation"] = {name: non_mask_positions(trained[name]["model"], windows, specials, g)
+                                for name in ("bert", "bert-100%-mask")}
+            not_done.remove("ablation")
+            data["attention_rank"] = {name: attention_ranks(trained[name]["model"], windows[:16])
+                                      for name in ("gpt", "bert")}
+            not_done.remove("attention_rank")
+            print("[study] NoPE experiment (claim D5)", flush=True)
+            data["nope"] = nope_experiment(s["nope_steps"], device, config["seed"])
+            not_done.remove("nope")
+    except KeyboardInterrupt:
+        data["not_done"] = not_done
+        print(f"interrupted: not measured: {', '.join(not_done)}; writing what was", flush=True)
+    data["seconds"] = time.perf_counter() - t0
 
     V = specials.num_ordinary
-    gpt_bits = data["models"]["gpt"]["val_loss"] / LN2
-    diffusion_bits = data["models"]["diffusion"]["val_loss"] / LN2
     lines = [f"Equal-compute study, scale `{scale}` ({s['n_layer']} layers x {s['n_embd']} dims, block "
              f"{s['block_size']}, batch {s['batch_size']}), budget {budget / 1e12:.2f} TFLOP per model (= "
              f"{s['gpt_iters']} gpt iterations), device {device}, {N} held-out windows. Whole run "
@@ -362,19 +387,25 @@ def main():
              "| model | objective | params | iters | TFLOP | supervised positions | train s | val loss (own units) "
              "| bits/char, 2nd half given 1st | cloze accuracy |", "|" + "---|" * 10]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    lines += ["", f"Validation loss as bits/char: gpt exact NLL {gpt_bits:.3f}, diffusion ELBO (upper bound on its "
-                  f"NLL) {diffusion_bits:.3f}.", "",
-              "Claim C2, prediction where the input is not [MASK] (accuracy):", "",
-              "| model | at [MASK] | at replaced characters | at untouched characters |", "|---|---|---|---|"]
-    lines += [f"| {name} | " + " | ".join(f"{100 * v:.1f}%" for v in values.values()) + " |"
-              for name, values in ablation.items()]
-    lines += ["", f"Claim D5, reversing 8 digits ({s['nope_steps']} steps):", "",
-              "| model | accuracy |", "|---|---|"]
-    lines += [f"| {name} | {100 * value:.1f}% |" for name, value in nope.items()]
-    lines += ["", f"Claim D3, attention rank of the trained models (T = {T}; numerical / effective, mean over heads):",
-              "", "| layer | gpt | bert |", "|---|---|---|"]
-    lines += [f"| {i} | {g_['numerical']:.1f} / {g_['effective']:.1f} | {b_['numerical']:.1f} / {b_['effective']:.1f} |"
-              for i, (g_, b_) in enumerate(zip(ranks["gpt"], ranks["bert"]))]
+    if "gpt" in data["models"] and "diffusion" in data["models"]:
+        lines += ["", f"Validation loss as bits/char: gpt exact NLL {data['models']['gpt']['val_loss'] / LN2:.3f}, "
+                      f"diffusion ELBO (upper bound on its NLL) {data['models']['diffusion']['val_loss'] / LN2:.3f}."]
+    if "ablation" in data:
+        lines += ["", "Claim C2, prediction where the input is not [MASK] (accuracy):", "",
+                  "| model | at [MASK] | at replaced characters | at untouched characters |", "|---|---|---|---|"]
+        lines += [f"| {name} | " + " | ".join(f"{100 * v:.1f}%" for v in values.values()) + " |"
+                  for name, values in data["ablation"].items()]
+    if "nope" in data:
+        lines += ["", f"Claim D5, reversing 8 digits ({s['nope_steps']} steps):", "", "| model | accuracy |", "|---|---|"]
+        lines += [f"| {name} | {100 * value:.1f}% |" for name, value in data["nope"].items()]
+    if "attention_rank" in data:
+        ranks = data["attention_rank"]
+        lines += ["", f"Claim D3, attention rank of the trained models (T = {T}; numerical / effective, mean over "
+                      f"heads):", "", "| layer | gpt | bert |", "|---|---|---|"]
+        lines += [f"| {i} | {g_['numerical']:.1f} / {g_['effective']:.1f} | {b_['numerical']:.1f} / "
+                  f"{b_['effective']:.1f} |" for i, (g_, b_) in enumerate(zip(ranks["gpt"], ranks["bert"]))]
+    if "not_done" in data:
+        lines += ["", f"**Interrupted: not measured: {', '.join(data['not_done'])}.**"]
     text = "\n".join(lines)
     print("\n" + text)
     os.makedirs(config["out_dir"], exist_ok=True)
@@ -382,7 +413,8 @@ def main():
         f.write(text + "\n")
     with open(os.path.join(config["out_dir"], f"study-{scale}.json"), "w") as f:
         json.dump(data, f, indent=1)
-    plot(data, os.path.join(config["out_dir"], f"study-{scale}.png"))
+    if data["models"]:
+        plot(data, os.path.join(config["out_dir"], f"study-{scale}.png"))
 
 
 def plot(data, path):

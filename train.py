@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 import objectives
-from checkpoint import (CheckpointWriteFailed, OutDirLock, RunLog, check_resume, load_checkpoint, remove_quietly,
-                        restore_rng, rng_state, save_checkpoint)
+from checkpoint import (CheckpointWriteFailed, OutDirLock, RunLog, check_resume, load_checkpoint, load_weights,
+                        remove_quietly, restore_rng, rng_state, save_checkpoint)
 from configurator import UserError, apply_overrides, check_training_config, model_config, run_main
 from dataset import get_windows, load_dataset
 from model import Transformer, describe
@@ -160,7 +160,7 @@ def check_losses(pending_losses, processes, run_log, last_good):
     first_bad = processes.minimum(float(bad[0]) if bad else math.inf)  # one process's divergence stops them all
     if math.isfinite(first_bad):
         raise TrainingDiverged(f"the loss became non-finite at iteration {int(first_bad)}; stopped without saving. "
-                               f"Last good checkpoint: {last_good} (lower --learning_rate and resume)")
+                               f"Last good checkpoint: {last_good}")
     if run_log:
         for (it, _), value in zip(pending_losses, values):
             run_log.write({"iter": it, "loss": value})
@@ -180,13 +180,16 @@ def write_checkpoints(state, out_dir, is_best, run_log):
 
 def last_good_checkpoint(out_dir):
     path = os.path.join(out_dir, "ckpt.pt")
-    return path if os.path.exists(path) else "none written yet"
+    if os.path.exists(path):
+        return f"{path} (lower --learning_rate and resume from it)"
+    return "none written yet (lower --learning_rate and start again)"
 
 
 def open_out_dir(config, resume_iteration):
     """The master's files: create out_dir, lock it against a second run, start (or continue) the log. A new run
     with --overwrite=True starts clean: the old checkpoints go now, not at the first save."""
     out_dir = config["out_dir"]
+    created = not os.path.exists(out_dir)
     try:
         os.makedirs(out_dir, exist_ok=True)
         lock = OutDirLock(out_dir)
@@ -196,18 +199,36 @@ def open_out_dir(config, resume_iteration):
     if resume_iteration is None:
         for name in ("ckpt.pt", "best.pt", "ckpt.pt.tmp", "best.pt.tmp"):
             remove_quietly(os.path.join(out_dir, name))
-    return lock, RunLog(os.path.join(out_dir, "log.jsonl"), resume_iteration)
+    return lock, RunLog(os.path.join(out_dir, "log.jsonl"), resume_iteration), created
 
 
-def project_run(seconds_per_eval_batch, config, device, log):
+def remove_failed_run(out_dir):
+    """A new run that fails before its first checkpoint leaves no log behind (and no out_dir: see train())."""
+    if not os.path.exists(os.path.join(out_dir, "ckpt.pt")):
+        remove_quietly(os.path.join(out_dir, "log.jsonl"))
+
+
+def planned_iterations(config, raw_model, splits, specials, iter_num):
+    """Iterations left to the end: max_iters, or fewer when the --max_flops budget ends the run first (estimated
+    from one batch made with private random generators, so the run's own draws are untouched)."""
+    left = config["max_iters"] - iter_num
+    if config["max_flops"]:
+        windows = get_windows(splits["train"], config["batch_size"], config["block_size"], np.random.default_rng(0))
+        batch = batch_for(config, windows, specials, torch.Generator().manual_seed(0))
+        per_step = raw_model.training_flops(batch) * config["gradient_accumulation_steps"]
+        left = min(left, math.ceil(config["max_flops"] / per_step) - iter_num)
+    return max(0, left)
+
+
+def project_run(seconds_per_eval_batch, iterations, config, device, log):
     """After two evaluation batches: what the whole run will cost here (a training step ~ 3 forward passes), and
     on a CPU the recipe to use when that is more than half an hour. The defaults stay the one-GPU defaults."""
-    evals = config["max_iters"] // config["eval_interval"] + 1
+    evals = iterations // config["eval_interval"] + 1
     eval_seconds = 2 * config["eval_iters"] * seconds_per_eval_batch
-    train_seconds = 3 * config["max_iters"] * config["gradient_accumulation_steps"] * seconds_per_eval_batch
+    train_seconds = 3 * iterations * config["gradient_accumulation_steps"] * seconds_per_eval_batch
     total = evals * eval_seconds + train_seconds
-    log(f"projected on {device}: each evaluation ~{format_duration(eval_seconds)}, the whole run to "
-        f"max_iters={config['max_iters']} ~{format_duration(total)}", flush=True)
+    log(f"projected on {device}: each evaluation ~{format_duration(eval_seconds)}, the {iterations} iterations "
+        f"left ~{format_duration(total)}", flush=True)
     if device == "cpu" and total > 30 * 60:
         log(f"these settings are sized for one GPU; on this CPU try nanoGPT's CPU recipe (minutes): "
             f"{CPU_RECIPE} --arch={config['arch']}  (Ctrl-C here saves and stops)", flush=True)
@@ -250,13 +271,20 @@ def train(config):
                                               (config["beta1"], config["beta2"]), device.split(":")[0])
     iter_num, best_val_loss, flops_done = 0, float("inf"), 0.0
     if checkpoint is not None:  # exact resume: weights, optimizer moments, counters and every RNG
-        raw_model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
+        load_weights(raw_model, checkpoint, checkpoint_path)
+        try:
+            optimizer.load_state_dict(checkpoint["optimizer"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise UserError(f"{checkpoint_path}: its optimizer state does not fit the model ({e}); retrain") from None
         iter_num, best_val_loss, flops_done = checkpoint["iter_num"], checkpoint["best_val_loss"], checkpoint["flops_done"]
         if len(checkpoint["rng"]) != processes.world_size:
             raise UserError(f"the checkpoint was written by {len(checkpoint['rng'])} process(es), this run has "
                             f"{processes.world_size}: resume with the same --nproc_per_node")
-        restore_rng(checkpoint["rng"][processes.rank], data_rng, objective_rng)
+        try:
+            restore_rng(checkpoint["rng"][processes.rank], data_rng, objective_rng)
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:
+            raise UserError(f"{checkpoint_path}: its random-number states are unreadable ({type(e).__name__}); "
+                            f"retrain") from None
         checkpoint = None  # free its memory
     scaler = torch.amp.GradScaler(enabled=(dtype == "float16"))  # fp16's narrow range needs loss scaling
     model = torch.compile(raw_model) if config["compile"] else raw_model
@@ -264,10 +292,12 @@ def train(config):
     peak_flops = matmul_flops_per_second(device, torch.bfloat16 if dtype == "bfloat16" else torch.float32)
     log(f"{describe(raw_model)}; objective {config['objective']}; device {device} ({dtype}); "
         f"measured matmul peak {peak_flops / 1e12:.3f} TFLOP/s", flush=True)
-    lock, run_log = processes.master_only(lambda: open_out_dir(config, iter_num if config["init_from"] == "resume"
-                                                                else None)) or (None, None)
-
     micro_steps = config["gradient_accumulation_steps"] // processes.world_size
+    end_iter = iter_num + planned_iterations(config, raw_model, splits, specials, iter_num)  # for the time-left figures
+    fresh = config["init_from"] != "resume"
+    lock, run_log, created = processes.master_only(lambda: open_out_dir(config, None if fresh else iter_num)) \
+        or (None, None, False)
+
     pending_losses = []  # (iteration, loss on the device): read back at log/save time, not once per step
     tokens_seen = supervised_seen = 0
     last_losses, stop_agreed = {}, False  # stop_agreed: a stop every process has heard of (signals arrive unevenly)
@@ -285,14 +315,15 @@ def train(config):
                     check_losses(pending_losses, processes, run_log, last_good_checkpoint(out_dir))
                     save_now, diverged, losses = stopping and not config["eval_only"], None, None
                     if master and not stopping:
-                        first = (lambda s: project_run(s, config, device, log)) if iter_num == first_iter else None
+                        first = None
+                        if iter_num == first_iter:
+                            first = lambda seconds: project_run(seconds, end_iter - iter_num, config, device, log)
                         losses = estimate_loss(raw_model, config, splits, specials, device, autocast, stop, log, first)
                         if losses is None:  # a signal during evaluation: save what the last step left, and stop
                             save_now, stopping, done = not config["eval_only"], True, True
                         elif not all(math.isfinite(v) for v in losses.values()):
                             diverged = (f"the validation loss is {losses['val']} at iteration {iter_num}; stopped "
-                                        f"without saving. Last good checkpoint: {last_good_checkpoint(out_dir)} "
-                                        f"(lower --learning_rate and resume)")
+                                        f"without saving. Last good checkpoint: {last_good_checkpoint(out_dir)}")
                         else:
                             log(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
                                 + loss_in_bits(config["objective"], losses["val"]), flush=True)
@@ -362,11 +393,11 @@ def train(config):
                     t1 = time.perf_counter()
                     dt = (t1 - t0) / timed_iters  # mean over the iterations since the last log line
                     t0, timed_iters, last_line = t1, 0, t1
-                    left = (config["max_iters"] - iter_num - 1) * dt
+                    left = (end_iter - iter_num - 1) * dt
                     log(f"iter {iter_num}: loss {loss_value:.4f}, {dt * 1000:.1f} ms/iter, "
                         f"{step_tokens / dt:,.0f} tok/s, {step_supervised / dt:,.0f} supervised tok/s, "
                         f"mfu {100 * step_flops / processes.world_size / dt / peak_flops:.1f}%, "
-                        f"{1 / dt:.2f} it/s, ~{format_duration(left)} to max_iters", flush=True)
+                        f"{1 / dt:.2f} it/s, ~{format_duration(left)} left", flush=True)
                 iter_num += 1
                 stop_agreed = bool(stop_agreed)
                 if stop_agreed:  # perhaps only another process was asked: stop together
@@ -377,11 +408,18 @@ def train(config):
                                                           for p in raw_model.parameters()]).cpu())
                 log(f"parameters identical on all {processes.world_size} processes: "
                     f"{all(torch.equal(checksums[0], c) for c in checksums)}")
+    except BaseException:
+        if master and fresh:
+            run_log.close()
+            remove_failed_run(out_dir)
+        raise
     finally:
         if run_log:
             run_log.close()
         if lock:
             lock.release()
+            if created and not os.listdir(out_dir):  # a new run that wrote nothing leaves no folder either
+                os.rmdir(out_dir)
     return {"model": raw_model, "iter_num": iter_num, "val_loss": last_losses.get("val"),
             "train_loss": last_losses.get("train"), "flops": flops_done, "tokens_seen": tokens_seen,
             "supervised_seen": supervised_seen, "interrupted": bool(stop), "meta": meta}
@@ -397,6 +435,15 @@ def main():
         train(config)
     except (TrainingDiverged, CheckpointWriteFailed) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except RuntimeError as e:  # torch.OutOfMemoryError is one too; the CPU allocator raises a plain RuntimeError
+        message = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        if not any(words in message for words in ("out of memory", "can't allocate memory", "not enough memory")):
+            raise
+        print(f"train.py: error: out of memory ({message[:200]}) with n_layer={config['n_layer']}, "
+              f"n_embd={config['n_embd']}, batch_size={config['batch_size']}, block_size={config['block_size']}: "
+              f"use a smaller model or --batch_size (with --gradient_accumulation_steps to keep the batch)",
+              file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
         print("train.py: interrupted; nothing saved since the last checkpoint", file=sys.stderr)

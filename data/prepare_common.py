@@ -49,6 +49,23 @@ def read_text(input_path, dataset_dir):
         return f.read()
 
 
+def encode_with_progress(text, encode, chunk=1_000_000):
+    """encode(text) chunk by chunk, with a progress line every ~10 s for a big text. A chunk ends just before a
+    newline that follows a non-space character: GPT-2's pre-tokenizer never joins across such a cut (a run of
+    newlines stays whole in the next chunk), so the ids equal those of encode(text) (tests/test_errors.py)."""
+    from progress import Progress
+    progress = Progress("encoding, characters", len(text))
+    ids, start = [], 0
+    while start < len(text):
+        end = min(len(text), start + chunk)
+        while end < len(text) and not (text[end] == "\n" and not text[end - 1].isspace()):
+            end += 1
+        ids.extend(encode(text[start:end]))
+        start = end
+        progress.update(start)
+    return ids
+
+
 def special_token_ids(num_ordinary):
     return {name: num_ordinary + i for i, name in enumerate(SPECIAL_TOKENS)}
 
@@ -59,15 +76,25 @@ def write_dataset(dataset_dir, ids, meta):
         raise UserError(f"the text has only {len(ids)} tokens: too little to split into train and val")
     meta = dict(meta, specials=special_token_ids(meta["num_ordinary"]), num_sentinels=NUM_SENTINELS,
                 vocab_size=meta["num_ordinary"] + len(SPECIAL_TOKENS))
-    assert meta["vocab_size"] <= 2 ** 16, "uint16 storage"
+    if meta["vocab_size"] > 2 ** 16:  # train.bin / val.bin store uint16 ids
+        raise UserError(f"the vocabulary ({meta['num_ordinary']:,} distinct tokens + {len(SPECIAL_TOKENS)} special) "
+                        f"does not fit uint16 storage (at most {2 ** 16 - len(SPECIAL_TOKENS):,} distinct tokens): "
+                        f"use a text with fewer distinct characters, or a BPE dataset")
     ids = np.asarray(ids, dtype=np.uint16)
     n = int(0.9 * len(ids))
     meta.update(train_tokens=n, val_tokens=len(ids) - n)  # lets train.py spot a truncated .bin
-    for name, part in (("train.bin", ids[:n]), ("val.bin", ids[n:])):
-        part.tofile(os.path.join(dataset_dir, name + ".tmp"))
-    with open(os.path.join(dataset_dir, "meta.pkl.tmp"), "wb") as f:
-        pickle.dump(meta, f)
-    for name in ("train.bin", "val.bin", "meta.pkl"):  # meta last: its presence means "prepared"
+    names = ("train.bin", "val.bin", "meta.pkl")
+    try:
+        for name, part in (("train.bin", ids[:n]), ("val.bin", ids[n:])):
+            part.tofile(os.path.join(dataset_dir, name + ".tmp"))
+        with open(os.path.join(dataset_dir, "meta.pkl.tmp"), "wb") as f:
+            pickle.dump(meta, f)
+    except BaseException:  # a full disk or Ctrl-C: no half-written files left behind
+        for name in names:
+            if os.path.exists(os.path.join(dataset_dir, name + ".tmp")):
+                os.remove(os.path.join(dataset_dir, name + ".tmp"))
+        raise
+    for name in names:  # meta last: its presence means "prepared"
         os.replace(os.path.join(dataset_dir, name + ".tmp"), os.path.join(dataset_dir, name))
     print(f"{dataset_dir}: {n:,} train and {len(ids) - n:,} val tokens, vocabulary {meta['vocab_size']} "
           f"({meta['num_ordinary']} text + {len(SPECIAL_TOKENS)} special)")

@@ -1,10 +1,13 @@
 """Bad input ends with one line on stderr, exit status 2, no traceback, nothing written (issue: reliability)."""
 import os
 import shutil
+import sys
 
 import pytest
+import torch
 
 import train
+from configurator import UserError
 from conftest import run_script, tiny_args
 
 
@@ -160,3 +163,138 @@ def test_bench_quick_runs_every_section(tmp_path):
         assert section in results
     assert set(results["training"]) >= {"gpt", "bert", "prefixlm", "t5"}
     assert (tmp_path / "bench.md").exists() and "### 5." in result.stdout
+
+
+# ----------------------------------------------------------------------------- round 2: values that used to crash
+
+def user_error(function, *args):
+    """The one-line message a UserError carries (run_main prints it and exits 2; tested above as a subprocess)."""
+    with pytest.raises(UserError) as caught:
+        function(*args)
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+def run_in_process(module, monkeypatch, *args):
+    monkeypatch.setattr(sys, "argv", [f"{module.__name__}.py", *args])
+    return module.main()
+
+
+def test_values_that_pass_a_comparison_but_are_not_numbers(char_dataset, tmp_path):
+    config_file = tmp_path / "nan.py"
+    config_file.write_text("learning_rate = float('nan')\n")
+    base = tiny_args(char_dataset, str(tmp_path / "o"))
+    print(user_error(train.resolve_config, [str(config_file), *base]))
+    assert "not a finite number" in user_error(train.resolve_config, [*base, "--learning_rate=1e999"])
+    assert "--seed=18446744073709551616 is out of range" in user_error(train.resolve_config,
+                                                                      [*base, "--seed=18446744073709551616"])
+    assert "ul2_mixture" in user_error(train.resolve_config, [*base, "--arch=t5", "--ul2_mixture=(1e999,0,0)"])
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_config_files_are_python_helpers_are_ignored_folders_refused(tmp_path):
+    helper = tmp_path / "helper.py"
+    helper.write_text("import math\ndef double(x):\n    return 2 * x\nn_layer = double(2)\nbatch_size = int(math.sqrt(64))\n")
+    config = train.resolve_config([str(helper)])
+    assert config["n_layer"] == 4 and config["batch_size"] == 8
+    assert "is a folder" in user_error(train.resolve_config, [str(tmp_path)])
+
+
+def test_sample_refuses_what_cannot_be_done(trained_dir, tmp_path, monkeypatch):
+    import sample
+    out = f"--out_dir={trained_dir}"
+    assert "not a finite number" in user_error(run_in_process, sample, monkeypatch, out, "--temperature=1e999")
+    assert "GiB" in user_error(run_in_process, sample, monkeypatch, out, "--max_new_tokens=10000000000")
+    assert "GiB" in user_error(run_in_process, sample, monkeypatch, out, "--num_samples=100000000")
+    assert "--steps is for iterative unmasking" in user_error(run_in_process, sample, monkeypatch, out, "--steps=8")
+    assert "--order is for" in user_error(run_in_process, sample, monkeypatch, out, "--order=random")
+    assert "not a regular file" in user_error(run_in_process, sample, monkeypatch, out, "--start=FILE:/dev/zero")
+    assert "is a folder" in user_error(run_in_process, sample, monkeypatch, out, f"--start=FILE:{tmp_path}")
+    log = os.path.join(trained_dir, "log.jsonl")
+    assert "not a checkpoint torch can read" in user_error(run_in_process, sample, monkeypatch, out,
+                                                           f"--checkpoint={log}")
+    assert "is a folder" in user_error(run_in_process, sample, monkeypatch, out, f"--checkpoint={tmp_path}")
+
+
+def test_sample_refuses_no_cache_for_bert(char_dataset, tmp_path, monkeypatch):
+    import sample
+    out = str(tmp_path / "bert")
+    train.train(train.resolve_config(tiny_args(char_dataset, out, arch="bert", max_iters=2, eval_interval=2)))
+    assert "--no_cache does not apply to bert" in user_error(run_in_process, sample, monkeypatch, f"--out_dir={out}",
+                                                             "--no_cache=True")
+
+
+def damaged_copy(trained_dir, tmp_path, name, change):
+    import checkpoint
+    folder = tmp_path / name
+    shutil.copytree(trained_dir, folder)
+    state = torch.load(folder / "ckpt.pt", weights_only=False)
+    change(state)
+    checkpoint.save_checkpoint(state, str(folder / "ckpt.pt"))
+    return str(folder)
+
+
+def test_well_formed_but_wrong_checkpoints(char_dataset, trained_dir, tmp_path, monkeypatch):
+    import sample
+    cases = {
+        "none": (lambda s: s.update(model=None, config=None), "not a checkpoint of this project"),
+        "unknown-key": (lambda s: s["model_config"].update(n_experts=8), "does not know: n_experts"),
+        "weights": (lambda s: s["model"].pop("token_embedding.weight"), "weights do not fit"),
+        "shapes": (lambda s: s["model_config"].update(n_embd=64), "weights do not fit"),  # train.py builds from
+        "meta": (lambda s: s.update(meta=["not", "a", "dict"]), "meta of the wrong type"),  # its config: sample only
+    }
+    for name, (change, needle) in cases.items():
+        folder = damaged_copy(trained_dir, tmp_path, name, change)
+        assert needle in user_error(run_in_process, sample, monkeypatch, f"--out_dir={folder}"), name
+        if name == "shapes":
+            continue
+        resumed = tiny_args(char_dataset, folder, init_from="resume", max_iters=6)
+        message = user_error(train.train, train.resolve_config(resumed))
+        assert needle in message or "cannot resume" in message, (name, message)
+
+
+def test_wrong_meta_files(char_dataset, tmp_path):
+    import pickle
+    for name, change, needle in (("list", lambda m: ["a", "list"], "not a meta.pkl of this project"),
+                                 ("no-specials", lambda m: {k: v for k, v in m.items() if k != "specials"}, "specials"),
+                                 ("small-vocab", lambda m: dict(m, vocab_size=10), "holds token id")):
+        data = tmp_path / name
+        shutil.copytree(char_dataset, data)
+        meta = pickle.loads((data / "meta.pkl").read_bytes())
+        (data / "meta.pkl").write_bytes(pickle.dumps(change(meta)))
+        out = str(tmp_path / f"out-{name}")
+        assert needle in user_error(train.train, train.resolve_config(tiny_args(str(data), out))), name
+        assert not os.path.exists(out)
+
+
+def test_prepare_refuses_a_vocabulary_beyond_uint16(tmp_path):
+    text = tmp_path / "many.txt"
+    text.write_text("".join(chr(c) for c in range(0x4E00, 0x4E00 + 70_000) if not 0xD800 <= c < 0xE000) + "\n",
+                    encoding="utf-8")
+    result = run_script("data/shakespeare_char/prepare.py", f"--input={text}")
+    print(assert_clean_failure(result, "does not fit uint16"))
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "shakespeare_char")
+    assert not any(name.endswith(".tmp") for name in os.listdir(folder))
+
+
+def test_chunked_encoding_gives_the_same_ids():
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data"))
+    import prepare_common
+    text = "First Citizen:\n\n\nBefore we proceed any further, hear me speak.\n  \nAll:\nSpeak, speak.\n" * 50
+    tokens = list(text.encode())  # a byte-level stand-in whose cuts would show as a changed sequence
+    pieces = []
+    ids = prepare_common.encode_with_progress(text, lambda part: pieces.append(part) or list(part.encode()), 100)
+    assert ids == tokens and len(pieces) > 10 and all(p[-1] != "\n" or p == pieces[-1] for p in pieces[:-1])
+
+
+def test_bench_out_has_one_meaning(tmp_path):
+    print(assert_clean_failure(run_script("bench.py", f"--out={tmp_path}"), "must name a .json"))
+    folder = tmp_path / "x.json"
+    folder.mkdir()
+    print(assert_clean_failure(run_script("bench.py", f"--out={folder}"), "is a folder"))
+    print(assert_clean_failure(run_script("bench.py", f"--out={tmp_path / 'r.md'}"), "must name a .json"))
+
+
+def test_study_refuses_a_huge_seed():
+    print(assert_clean_failure(run_script("study.py", "--quick", "--seed=18446744073709551616"), "out of range"))

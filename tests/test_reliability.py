@@ -158,3 +158,120 @@ def test_gradient_accumulation_must_divide_across_processes(char_dataset, tmp_pa
                              os.path.join(ROOT, "train.py"), *args], capture_output=True, text=True, timeout=240,
                             cwd=ROOT)
     assert result.returncode != 0 and "not divisible" in result.stderr and not os.path.exists(out)
+    assert "pass --gradient_accumulation_steps=4" in result.stderr  # says which value works
+
+
+# ----------------------------------------------------------------------------- round 2
+
+def start(dataset, out_dir, preexec_fn=None, **overrides):
+    args = tiny_args(dataset, out_dir, **{"quiet": False, "log_interval": 1, **overrides})
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT, preexec_fn=preexec_fn)
+
+
+def wait_for(process, prefix):
+    for line in process.stdout:
+        if line.startswith(prefix):
+            return
+    raise AssertionError(f"no {prefix!r}: {process.stderr.read()}")
+
+
+def test_kill_9_keeps_the_log_and_a_resume_appends_without_duplicates(char_dataset, tmp_path):
+    out = str(tmp_path / "o")
+    process = start(char_dataset, out, max_iters=100_000, lr_decay_iters=100_000, eval_interval=5)
+    wait_for(process, "iter 12:")
+    process.kill()  # SIGKILL: no handler runs, nothing is flushed after this
+    process.wait()
+    logged = [r["iter"] for r in map(json.loads, open(os.path.join(out, "log.jsonl"))) if "loss" in r]
+    assert logged[:13] == list(range(13))  # every line written before the kill reached the file
+    saved = checkpoint.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"]
+    assert saved >= 10
+    result = run_script("train.py", *tiny_args(char_dataset, out, init_from="resume", max_iters=20, eval_interval=5))
+    assert result.returncode == 0, result.stderr
+    records = list(map(json.loads, open(os.path.join(out, "log.jsonl"))))
+    assert [r["iter"] for r in records if "loss" in r] == list(range(20))  # kept, appended, no duplicates
+    assert [r["iter"] for r in records if "val_loss" in r] == [0, 5, 10, 15, 20]
+
+
+def test_one_run_per_out_dir(char_dataset, tmp_path):
+    out = str(tmp_path / "o")
+    first = start(char_dataset, out, max_iters=100_000, lr_decay_iters=100_000, eval_interval=5)
+    wait_for(first, "iter 6:")  # a checkpoint exists: both a fresh run and a resume could start
+    try:
+        for extra in ({"overwrite": True}, {"init_from": "resume"}):
+            second = run_script("train.py", *tiny_args(char_dataset, out, **extra))
+            assert second.returncode == 2 and f"another run (PID {first.pid})" in second.stderr, second.stderr
+            assert len(second.stderr.strip().splitlines()) == 1
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=60)
+    assert first.returncode == 0 and not os.path.exists(os.path.join(out, "lock"))  # released on exit
+    with open(os.path.join(out, "lock"), "w") as f:  # a stale lock: its process is gone, the kernel lock too
+        f.write("999999999\n")
+    resumed = run_script("train.py", *tiny_args(char_dataset, out, init_from="resume", max_iters=1))
+    assert resumed.returncode == 0, resumed.stderr
+
+
+def limit_file_size(limit):
+    def apply():
+        import resource
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def test_a_full_disk_during_a_save_is_one_line(char_dataset, tmp_path):
+    out = str(tmp_path / "o")
+    process = start(char_dataset, out, max_iters=4, eval_interval=2, preexec_fn=limit_file_size(100_000))
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 1 and stderr.strip().count("\n") == 0 and "Traceback" not in stderr, stderr
+    assert "no space left" in stderr and "no checkpoint was written" in stderr
+    assert not os.path.exists(out)  # a new run that saved nothing leaves nothing
+    run(char_dataset, out, arch="gpt", max_iters=2, eval_interval=2)  # a good checkpoint; a resume cannot save
+    process = start(char_dataset, out, init_from="resume", max_iters=4, eval_interval=2,
+                    preexec_fn=limit_file_size(100_000))
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 1 and "is intact" in stderr, stderr
+    assert sorted(os.listdir(out)) == ["best.pt", "ckpt.pt", "log.jsonl"]  # no .tmp left
+    assert checkpoint.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"] == 2
+
+
+def test_resume_refuses_another_objective_and_overwrite_starts_clean(char_dataset, tmp_path):
+    out = str(tmp_path / "o")
+    run(char_dataset, out, max_iters=2, eval_interval=2)
+    result = run_script("train.py", *tiny_args(char_dataset, out, arch="bert", objective="diffusion",
+                                               init_from="resume"))
+    assert result.returncode == 2 and "cannot resume: --objective=diffusion" in result.stderr, result.stderr
+    diverging = run_script("train.py", *tiny_args(char_dataset, out, overwrite=True, learning_rate=1e30,
+                                                  log_interval=1))
+    assert diverging.returncode == 1 and "none written yet" in diverging.stderr, diverging.stderr
+    assert not os.path.exists(os.path.join(out, "ckpt.pt")) and not os.path.exists(os.path.join(out, "best.pt"))
+
+
+def test_bfloat16_on_the_cpu_is_real_and_float16_is_refused(char_dataset, tmp_path):
+    config = train.resolve_config(tiny_args(char_dataset, str(tmp_path / "a"), dtype="bfloat16"))
+    dtype, autocast = train.precision(config, "cpu")
+    with autocast:
+        assert torch.nn.Linear(4, 4)(torch.ones(2, 4)).dtype == torch.bfloat16  # autocast, not a label
+    result = train.train(config)
+    assert result["iter_num"] == 30 and result["val_loss"] < 4.0
+    config = train.resolve_config(tiny_args(char_dataset, str(tmp_path / "b"), dtype="float16"))
+    with pytest.raises(train.UserError, match="float16 is not supported on cpu"):
+        train.train(config)
+
+
+def test_a_model_that_does_not_fit_in_memory(char_dataset, tmp_path):
+    out = str(tmp_path / "o")
+    result = run_script("train.py", *tiny_args(char_dataset, out, n_head=1, n_embd=2 ** 18))
+    assert result.returncode == 1 and "out of memory" in result.stderr and "n_embd=262144" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not os.path.exists(out)
+
+
+def test_a_batch_that_does_not_fit_leaves_nothing(char_dataset, tmp_path, monkeypatch):
+    def no_memory(*args, **kwargs):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 99999999999 bytes.")
+    monkeypatch.setattr(train.Transformer, "forward", no_memory)
+    out = str(tmp_path / "o")
+    monkeypatch.setattr(sys, "argv", ["train.py", *tiny_args(char_dataset, out)])
+    with pytest.raises(SystemExit) as exit_status:
+        train.main()
+    assert exit_status.value.code == 1 and not os.path.exists(out)  # no out_dir, no empty log.jsonl

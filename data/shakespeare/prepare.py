@@ -18,7 +18,7 @@ def prepare(input_path="", dataset_dir=os.path.dirname(os.path.abspath(__file__)
     except Exception as e:
         raise prepare_common.UserError(f"tiktoken could not load the gpt2 encoding ({e.__class__.__name__}); "
                                        "offline, set TIKTOKEN_CACHE_DIR to a folder holding its files") from None
-    ids = encoding.encode_ordinary(text)
+    ids = prepare_common.encode_with_progress(text, encoding.encode_ordinary)
     meta = {"tokenizer": "gpt2", "num_ordinary": encoding.n_vocab}
     prepare_common.write_dataset(dataset_dir, ids, meta)
 

@@ -15,7 +15,8 @@ def prepare(input_path="", dataset_dir=os.path.dirname(os.path.abspath(__file__)
     chars = sorted(set(text))
     stoi = {c: i for i, c in enumerate(chars)}
     meta = {"tokenizer": "char", "num_ordinary": len(chars), "stoi": stoi, "itos": chars}
-    prepare_common.write_dataset(dataset_dir, [stoi[c] for c in text], meta)
+    ids = prepare_common.encode_with_progress(text, lambda part: [stoi[c] for c in part])
+    prepare_common.write_dataset(dataset_dir, ids, meta)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,89 @@
+"""Long work talks and stops when asked: progress lines during a slow evaluation, a signal during evaluation
+stops within seconds and leaves a loadable checkpoint, and a GPU-sized run on a CPU says so at once."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import checkpoint
+import train
+from conftest import ROOT, run_script, tiny_args
+from progress import Progress, StopSignals, format_duration
+
+
+def start_train(*args):
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+
+
+def read_until(process, prefix):
+    """Lines of stdout up to and including the first that starts with prefix."""
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith(prefix):
+            return lines
+    raise AssertionError(f"no line starting with {prefix!r}: {''.join(lines)} {process.stderr.read()}")
+
+
+def test_progress_lines_during_a_slow_evaluation(char_dataset, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(train, "SECONDS_BETWEEN_LINES", 0.05)  # the real run prints every 10 s
+    args = tiny_args(char_dataset, str(tmp_path / "o"), max_iters=1, eval_iters=60, quiet=False)
+    train.train(train.resolve_config(args))
+    out = capsys.readouterr().out
+    first_evaluation = out.split("step 0:")[0]
+    lines = [line for line in first_evaluation.splitlines() if line.startswith("eval ")]
+    assert any(line.startswith("eval train ") for line in lines) and any(line.startswith("eval val ") for line in lines)
+    done = [int(line.split()[2].split("/")[0]) for line in lines if line.startswith("eval train ")]
+    assert done == sorted(done) and all(0 < d <= 60 for d in done) and "left" in lines[0]
+    assert "projected on cpu" in out  # the first evaluation projects the run's duration
+
+
+def test_a_signal_during_evaluation_stops_within_seconds_and_saves(char_dataset, tmp_path):
+    out = str(tmp_path / "o")
+    process = start_train(*tiny_args(char_dataset, out, eval_iters=1_000_000, quiet=False))  # an endless evaluation
+    read_until(process, "projected on")  # printed after three evaluation batches: we are inside the evaluation
+    asked = time.perf_counter()
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=60)
+    seconds = time.perf_counter() - asked
+    assert process.returncode == 0 and "Traceback" not in stderr, stderr
+    assert seconds < 10, seconds
+    assert "interrupted: saved" in stdout and "--init_from=resume" in stdout
+    assert checkpoint.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"] == 0  # no step was completed
+    resumed = run_script("train.py", *tiny_args(char_dataset, out, init_from="resume", max_iters=4, eval_interval=2))
+    assert resumed.returncode == 0, resumed.stderr
+    assert checkpoint.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"] == 4
+
+
+def test_a_gpu_sized_run_on_a_cpu_says_so_and_the_cpu_recipe_does_not(char_dataset, tmp_path):
+    gpu_sized = start_train("--arch=bert", f"--dataset={char_dataset}", f"--out_dir={tmp_path / 'gpu'}",
+                            "--device=cpu")  # the README's main command, defaults untouched
+    lines = read_until(gpu_sized, "projected on cpu")
+    advice = gpu_sized.stdout.readline()
+    gpu_sized.send_signal(signal.SIGTERM)
+    gpu_sized.communicate(timeout=60)
+    assert "config/train_shakespeare_char_cpu.py --arch=bert" in advice, (lines, advice)
+    hours = lines[-1].split("~")[-1]
+    assert hours.strip().endswith("h"), lines[-1]  # GPU defaults on 2 cores: hours
+
+    recipe = start_train("config/train_shakespeare_char_cpu.py", "--arch=bert", f"--dataset={char_dataset}",
+                         f"--out_dir={tmp_path / 'cpu'}")
+    lines = read_until(recipe, "step 0:")  # the first evaluation is over: any advice would have come before
+    recipe.send_signal(signal.SIGTERM)
+    recipe.communicate(timeout=60)
+    assert any(line.startswith("projected on cpu") for line in lines)
+    assert not any("train_shakespeare_char_cpu.py" in line for line in lines), lines
+
+
+def test_progress_and_stop_signals_in_isolation(capsys):
+    progress = Progress("work", total=4, every=0.0)
+    progress.update(1)
+    assert capsys.readouterr().out.startswith("work 1/4, ") and format_duration(7200) == "2.0 h"
+    with StopSignals("stopping") as stop:
+        assert not stop
+        os.kill(os.getpid(), signal.SIGTERM)  # handled: sets the flag instead of ending the process
+        time.sleep(0.1)
+        assert stop
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the previous handler is back
