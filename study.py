@@ -63,28 +63,30 @@ LN2 = math.log(2)
 
 # ----------------------------------------------------------------------------- training at equal FLOPs
 
-def train_all(scale, config, device, meta):
-    s = SCALES[scale]
+def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet):
+    """Train each (name, arch, objective, extra settings) of `models` on `dataset` to the same training FLOPs:
+    s["gpt_iters"] iterations of the gpt of shape s. Checkpoints go to <checkpoints>-<name>. Returns
+    ({name: train.train's summary + seconds and objective}, budget), or (None, budget) if interrupted."""
     gpt = Transformer(ModelConfig(arch="gpt", vocab_size=meta["vocab_size"], block_size=s["block_size"], n_layer=s["n_layer"],
                                   n_head=s["n_head"], n_embd=s["n_embd"], bias=False))
     one_batch = objectives.clm(torch.zeros(s["batch_size"], s["block_size"] + 1, dtype=torch.long))
     budget = s["gpt_iters"] * gpt.training_flops(one_batch)
     trained, started = {}, time.perf_counter()
-    for number, (name, arch, objective, extra) in enumerate(MODELS):
+    for number, (name, arch, objective, extra) in enumerate(models):
         if trained:  # equal FLOPs: models cost about the same, so the mean so far predicts the rest
             per_model = (time.perf_counter() - started) / len(trained)
-            left = f", ~{format_duration(per_model * (len(MODELS) - number))} of training left"
+            left = f", ~{format_duration(per_model * (len(models) - number))} of training left"
         else:
             left = ""
-        print(f"[study] model {number + 1}/{len(MODELS)}: {name} ({arch}, {objective}){left}", flush=True)
+        print(f"[train at equal FLOPs] model {number + 1}/{len(models)}: {name} ({arch}, {objective}){left}", flush=True)
         layers = dict(n_layer=s["n_layer"] // 2 or 1, n_decoder_layer=s["n_layer"] // 2 or 1) if arch == "t5" else {}
-        args = dict(arch=arch, objective=objective, dataset=config["dataset"], device=device,
-                    out_dir=os.path.join(config["out_dir"], "checkpoints", f"{scale}-{name}"), n_layer=s["n_layer"],
+        args = dict(arch=arch, objective=objective, dataset=dataset, device=device,
+                    out_dir=f"{checkpoints}-{name}", n_layer=s["n_layer"],
                     n_head=s["n_head"], n_embd=s["n_embd"], block_size=s["block_size"], batch_size=s["batch_size"],
                     dropout=0.0, bias=False, max_iters=10 ** 9, max_flops=float(budget),
                     lr_decay_iters=s["gpt_iters"], warmup_iters=min(100, s["gpt_iters"] // 10),
                     learning_rate=1e-3, min_lr=1e-4, beta2=0.99, eval_interval=10 ** 9, eval_iters=20,
-                    log_interval=10 ** 9, seed=config["seed"], quiet=config["quiet"], overwrite=True)
+                    log_interval=10 ** 9, seed=seed, quiet=quiet, overwrite=True)
         args.update(**layers, **extra, eval_iters=s["eval_iters"])
         run_config = train.resolve_config([f"--{k}={v}" for k, v in args.items()])
         # every model decays its learning rate over its own share of the budget: its own iteration count
@@ -96,7 +98,7 @@ def train_all(scale, config, device, meta):
         except train.TrainingDiverged as e:
             raise UserError(f"{name} diverged: {e}") from None
         if result["interrupted"]:
-            not_trained = [m[0] for m in MODELS[number:]]
+            not_trained = [m[0] for m in models[number:]]
             print(f"interrupted: trained {', '.join(trained) or 'no model'}; not finished: {', '.join(not_trained)} "
                   f"({name}'s checkpoint is in {run_config['out_dir']}); no metrics computed, they compare every "
                   f"model", flush=True)
@@ -320,7 +322,8 @@ def main():
     s = SCALES[scale]
     t0 = time.perf_counter()
     splits, meta = load_dataset(config["dataset"], s["block_size"], prepare_if_missing=True)
-    trained, budget = train_all(scale, config, device, meta)
+    trained, budget = train_all(MODELS, s, config["dataset"], os.path.join(config["out_dir"], "checkpoints", scale),
+                                device, meta, config["seed"], config["quiet"])
     if trained is None:  # interrupted during training: what finished is on disk, and said
         return
     specials = objectives.Specials.from_meta(meta)

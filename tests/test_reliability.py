@@ -55,7 +55,8 @@ def test_checkpoints_keep_latest_and_best(char_dataset, tmp_path):
 
 def fake_state(iteration, **extra):
     """The smallest state load_checkpoint accepts: every entry present, of the right type."""
-    return {"model": {}, "optimizer": {}, "config": {}, "model_config": {}, "meta": {}, "iter_num": iteration,
+    meta = {"tokenizer": "char", "vocab_size": 1, "num_ordinary": 1, "specials": {}, "num_sentinels": 0}
+    return {"model": {}, "optimizer": {}, "config": {}, "model_config": {}, "meta": meta, "iter_num": iteration,
             "best_val_loss": float("inf"), "flops_done": 0.0, "rng": [], **extra}
 
 
