@@ -107,8 +107,7 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        # GPT-2's tanh approximation of GELU (on this project's CPU, training steps with the exact erf GELU were not
-        # measurably faster or slower: the machine's run-to-run noise is larger)
+        # GPT-2's tanh approximation of GELU (README, Reliability: why not the exact one)
         return self.dropout(self.proj(F.gelu(self.fc(x), approximate="tanh")))
 
 
