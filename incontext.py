@@ -25,17 +25,17 @@ induction head makes), beside what uniform attention would give.
 import json
 import math
 import os
-import sys
 import time
 
 import numpy as np
 import torch
 
 import objectives
-from configurator import UserError, apply_overrides, check_seed, pick_device, run_main
+from configurator import run_main
 from data.prepare_common import write_dataset
+from dataset import load_dataset
 from progress import StopSignals, format_duration
-from study import train_all
+from study import resolve_experiment, train_all
 
 KEYS, VALUES = "abcdefgh", "ABCDEFGH"
 MAX_DEMONSTRATIONS = 16
@@ -226,19 +226,12 @@ def plot(runs, path):
 
 
 def main():
-    config = apply_overrides(DEFAULTS, sys.argv[1:])
-    scale = "quick" if config["quick"] else config["scale"]
-    if scale not in SCALES:
-        raise UserError(f"unknown --scale={scale}: cpu or gpu (or --quick)")
-    check_seed(config["seed"])
-    device = pick_device(config["device"])
+    config, scale, device = resolve_experiment(DEFAULTS, SCALES)
     s = SCALES[scale]
     t0 = time.perf_counter()
     folder = os.path.join(config["out_dir"], "checkpoints", f"incontext-{scale}-data")
     seen = make_dataset(folder, s["train_chars"], np.random.default_rng(config["seed"]))
-    with open(os.path.join(folder, "meta.pkl"), "rb") as f:
-        import pickle
-        meta = pickle.load(f)
+    _, meta = load_dataset(folder, s["block_size"], prepare_if_missing=False)
     specials, stoi = objectives.Specials.from_meta(meta), meta["stoi"]
     runs = []
     for seed_number in range(s["seeds"]):

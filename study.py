@@ -311,13 +311,18 @@ def attention_ranks(model, windows):
 
 # ----------------------------------------------------------------------------- the study
 
-def main():
-    config = apply_overrides(DEFAULTS, sys.argv[1:])
+def resolve_experiment(defaults, scales):
+    """The common start of study.py and incontext.py: overrides, the scale (--quick wins), seed and device."""
+    config = apply_overrides(defaults, sys.argv[1:])
     scale = "quick" if config["quick"] else config["scale"]
-    if scale not in SCALES:
+    if scale not in scales:
         raise UserError(f"unknown --scale={scale}: cpu or gpu (or --quick)")
     check_seed(config["seed"])
-    device = pick_device(config["device"])
+    return config, scale, pick_device(config["device"])
+
+
+def main():
+    config, scale, device = resolve_experiment(DEFAULTS, SCALES)
     torch.manual_seed(config["seed"])
     s = SCALES[scale]
     t0 = time.perf_counter()
