@@ -220,7 +220,7 @@ def bench_decoding(device, s, repeats, results):
                 curves[f"{arch} cached"].append(median_time(one_step, device, repeats) * 1e3)
             for arch, name in (("gpt", "gpt recomputed"), ("bert", "bert recomputed (1 pass)")):
                 model = models[arch]  # the whole context again; the output head only where a token is read
-                curves[name].append(median_time(lambda: model.lm_head(model.run_stack(ids[:, :L + 1])[:, -1]),
+                curves[name].append(median_time(lambda: model.logits(model.run_stack(ids[:, :L + 1])[:, -1]),
                                                 device, repeats) * 1e3)
     cached, full = curves["gpt cached"], curves["gpt recomputed"]
     crossover = next((L for L, c, f in zip(lengths, cached, full) if c < f), None)

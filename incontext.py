@@ -79,15 +79,29 @@ def unseen_mapping(rng, seen):
             return mapping
 
 
-def make_dataset(folder, train_chars, rng):
+def repetition_line(rng):
+    """A random string written twice, "hBcaD hBcaD": the repeated text that natural corpora are full of, and
+    from which induction heads (find the earlier occurrence of this token, copy what followed) form quickly."""
+    string = "".join(rng.choice(list(KEYS + VALUES), size=int(rng.integers(4, 17))))
+    return f"{string} {string}\n"
+
+
+def make_dataset(folder, train_chars, rng, repetition_share=0.5, document_chars=64):
     """The training stream (90%: mappings that evaluation never uses) and a validation stream of unseen mappings
-    (10%), written like any prepared dataset. Returns the set of training mappings."""
+    (10%), written like any prepared dataset. Returns the set of training mappings. A share of the training
+    lines (repetition_share) is repeated random strings instead of episodes: without them no model here left
+    chance level within its CPU budget (pilot in the README), with them the copy mechanism forms early."""
     seen, parts, length = set(), [], 0
     while length < train_chars:
-        mapping = random_mapping(rng)
-        seen.add(mapping)
-        text, answer = make_episode(mapping, int(rng.integers(0, MAX_DEMONSTRATIONS + 1)), rng)
-        parts.append(text + answer + "\n")
+        if rng.random() < repetition_share:
+            parts.append(repetition_line(rng))
+        else:  # a document: episodes of one mapping until it fills a context window, then a blank line
+            mapping, document = random_mapping(rng), ""
+            seen.add(mapping)
+            while len(document) < document_chars:
+                text, answer = make_episode(mapping, int(rng.integers(0, MAX_DEMONSTRATIONS + 1)), rng)
+                document += text + answer + "\n"
+            parts.append(document + "\n")
         length += len(parts[-1])
     while length < train_chars / 0.9 + 100:
         text, answer = make_episode(unseen_mapping(rng, seen), int(rng.integers(0, MAX_DEMONSTRATIONS + 1)), rng)

@@ -118,7 +118,7 @@ def forward_with_cache(model, ids, cache):
         hidden = model.decode(ids, cache=cache)
     else:
         hidden = model.run_stack(ids, prefix_length=cache.prefix_length, cache=cache)
-    return model.lm_head(hidden)  # (B, T_new, V)
+    return model.logits(hidden)  # (B, T_new, V)
 
 
 def prefill(model, prompt, cache, encoder_inputs=None, encoder_lengths=None):
@@ -160,9 +160,9 @@ def bidirectional_cache_error(model, ids):
     model.eval()
     cache = KVCache(model, ids.size(0), ids.size(1))
     stale_hidden = model.run_stack(ids[:, :-1], cache=cache)
-    cached_logits = model.lm_head(model.run_stack(ids[:, -1:], cache=cache))[:, -1]
+    cached_logits = model.logits(model.run_stack(ids[:, -1:], cache=cache))[:, -1]
     full_hidden = model.run_stack(ids)
-    full_logits = model.lm_head(full_hidden)[:, -1]
+    full_logits = model.logits(full_hidden)[:, -1]
     model.train(was_training)
     return {"logit_difference": (cached_logits - full_logits).abs().max().item(),
             "earlier_hidden_change": (stale_hidden - full_hidden[:, :-1]).abs().max().item()}
@@ -229,7 +229,7 @@ def generate_uncached(model, prompt, max_new_tokens, num_samples=1, temperature=
                 prefix_length = prompt_length if window_start == 0 else block_size // 2
                 prefix = torch.full((num_samples,), prefix_length, device=sequence.device)
             hidden = model.run_stack(context, prefix_length=prefix)
-        logits = model.lm_head(hidden[:, -1])  # the output head on the last position only
+        logits = model.logits(hidden[:, -1])  # the output head on the last position only
         token = sample_next(logits, temperature, top_k, generator, banned)
         sequence = torch.cat([sequence, token], dim=1)
     return sequence

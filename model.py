@@ -23,7 +23,18 @@ IGNORE_INDEX = -100  # targets equal to this carry no loss (unsupervised positio
 # The whole difference between the single-stack architectures (claim A1):
 ATTENTION_KIND = {"gpt": "causal", "bert": "bidirectional", "prefixlm": "prefix"}
 ARCHS = ("gpt", "bert", "prefixlm", "t5")  # t5: bidirectional encoder + causal decoder + cross-attention (A1, A2)
-POSITION_KINDS = ("learned", "rope", "none")  # "none" is NoPE (claim D5)
+POSITION_KINDS = ("learned", "rope", "relative", "none")  # "none" is NoPE (claim D5); "relative" is T5's bias
+NORMS = ("layernorm", "rmsnorm")
+# GPT-2's tanh approximation of GELU is the default (README, Reliability: why not the exact one); BERT uses the
+# exact GELU and T5 (v1.0) a ReLU: options so that their published weights compute exactly what they were trained to
+ACTIVATIONS = {"gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu, "relu": F.relu}
+
+
+def make_norm(config):
+    """LayerNorm (GPT-2, BERT, ours) or RMSNorm (T5: no mean subtraction, no bias)."""
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.n_embd, eps=config.norm_eps)
+    return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
 
 
 class RotaryPositions(nn.Module):
@@ -45,15 +56,59 @@ class RotaryPositions(nn.Module):
         return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
 
-def explicit_attention_probabilities(q, k, attn_mask=None, is_causal=False):
-    """The plain reference: softmax(q k^T / sqrt(d) + mask), (B, nh, Tq, Tk). SDPA computes the same thing without
-    materialising it; tests check the two agree, and the claim D3 analysis reads these matrices."""
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+class RelativePositionBias(nn.Module):
+    """T5's positions: a learned scalar per head added to each attention score, looked up by the bucket of the
+    offset (key - query). Small offsets get a bucket each, larger ones share log-spaced buckets up to max_distance.
+    bidirectional=False (t5's decoder) buckets only offsets into the past. One table per stack, used by every
+    layer of that stack (as T5 does)."""
+
+    def __init__(self, config, bidirectional):
+        super().__init__()
+        self.bidirectional, self.num_buckets = bidirectional, config.relative_buckets
+        self.max_distance = config.relative_max_distance
+        self.bias = nn.Embedding(config.relative_buckets, config.n_head)
+
+    def bucket(self, offset):
+        num_buckets, bucket = self.num_buckets, torch.zeros_like(offset)
+        if self.bidirectional:  # half the buckets for keys after the query
+            num_buckets //= 2
+            bucket = (offset > 0).long() * num_buckets
+            distance = offset.abs()
+        else:
+            distance = (-offset).clamp(min=0)
+        exact = num_buckets // 2
+        log_bucket = exact + (torch.log(distance.float().clamp(min=1) / exact) / math.log(self.max_distance / exact)
+                              * (num_buckets - exact)).long()
+        log_bucket = log_bucket.clamp(max=num_buckets - 1)
+        return bucket + torch.where(distance < exact, distance, log_bucket)
+
+    def forward(self, query_length, key_length, start, device):
+        queries = torch.arange(start, start + query_length, device=device)[:, None]
+        keys = torch.arange(key_length, device=device)[None, :]
+        return self.bias(self.bucket(keys - queries)).permute(2, 0, 1).unsqueeze(0)  # (1, nh, Tq, Tk)
+
+
+def explicit_attention_probabilities(q, k, attn_mask=None, is_causal=False, scale=None):
+    """The plain reference: softmax(q k^T * scale + mask), (B, nh, Tq, Tk), scale = 1/sqrt(d) unless given. SDPA
+    computes the same thing without materialising it; tests check the two agree, and the claim D3 analysis reads
+    these matrices. A boolean mask hides keys; a float mask is added to the scores (T5's position bias)."""
+    scores = q @ k.transpose(-2, -1) * (1 / math.sqrt(q.size(-1)) if scale is None else scale)
     if is_causal:  # only used with Tq == Tk (masks.attention_mask guarantees it)
         attn_mask = masks.causal_mask(q.size(-2), k.size(-2), q.device)
-    if attn_mask is not None:
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
         scores = scores.masked_fill(~attn_mask, float("-inf"))
+    elif attn_mask is not None:
+        scores = scores + attn_mask
     return torch.softmax(scores.float(), dim=-1)
+
+
+def add_position_bias(attn_mask, is_causal, position_bias, query_length, key_length, device):
+    """Fold T5's additive position bias and the boolean mask into one float mask for SDPA."""
+    if is_causal:
+        attn_mask = masks.causal_mask(query_length, key_length, device)
+    if attn_mask is None:
+        return position_bias
+    return position_bias.masked_fill(~attn_mask, float("-inf"))
 
 
 class Attention(nn.Module):
@@ -63,6 +118,7 @@ class Attention(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.n_head, self.dropout = config.n_head, config.dropout
+        self.scale = None if config.scale_attention else 1.0  # T5 folds 1/sqrt(d) into its initialisation
         self.query = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.key_value = nn.Linear(config.n_embd, 2 * config.n_embd, bias=config.bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
@@ -75,7 +131,8 @@ class Attention(nn.Module):
         B, T, C = t.shape
         return t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
 
-    def forward(self, x, context=None, attn_mask=None, is_causal=False, rotary=None, start=0, cache=None):
+    def forward(self, x, context=None, attn_mask=None, is_causal=False, rotary=None, start=0, cache=None,
+                position_bias=None):
         B, T, C = x.shape
         q = self.split_heads(self.query(x))  # (B, nh, T, hs)
         if cache is not None and cache.fixed:
@@ -90,9 +147,11 @@ class Attention(nn.Module):
                 # claim D4: under a causal mask the K/V of position i depend only on tokens 0..i, so the cache
                 # keeps them and the new queries attend to [cached ; new]
                 k, v = cache.update(k, v)  # (B, nh, start+T, hs)
+        if position_bias is not None:  # (1, nh, T, Tk), T5's relative positions
+            attn_mask, is_causal = add_position_bias(attn_mask, is_causal, position_bias, T, k.size(2), x.device), False
         if self.record_probabilities:
-            self.probabilities = explicit_attention_probabilities(q, k, attn_mask, is_causal).detach()
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+            self.probabilities = explicit_attention_probabilities(q, k, attn_mask, is_causal, self.scale).detach()
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=self.scale,
                                            dropout_p=self.dropout if self.training else 0.0)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.proj(y))
@@ -105,30 +164,36 @@ class MLP(nn.Module):
         self.proj = nn.Linear(config.d_ff, config.n_embd, bias=config.bias)
         self.proj.residual_output = True
         self.dropout = nn.Dropout(config.dropout)
+        self.activation = ACTIVATIONS[config.activation]
 
     def forward(self, x):
-        # GPT-2's tanh approximation of GELU (README, Reliability: why not the exact one)
-        return self.dropout(self.proj(F.gelu(self.fc(x), approximate="tanh")))
+        return self.dropout(self.proj(self.activation(self.fc(x))))
 
 
 class Block(nn.Module):
     """Pre-norm Transformer block. With cross_attention=True (t5's decoder) it gains one more sub-layer that
-    reads the encoder output; that is the only new module encoder-decoder needs (claim A2)."""
+    reads the encoder output; that is the only new module encoder-decoder needs (claim A2). post_norm=True is
+    the original Transformer's and BERT's order, norm(x + sublayer(x)), kept only to load BERT's weights."""
 
     def __init__(self, config, cross_attention=False):
         super().__init__()
-        self.norm_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.post_norm = config.post_norm
+        self.norm_1 = make_norm(config)
         self.attention = Attention(config)
         if cross_attention:
-            self.norm_cross = nn.LayerNorm(config.n_embd, bias=config.bias)
+            self.norm_cross = make_norm(config)
             self.cross_attention = Attention(config)
-        self.norm_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.norm_2 = make_norm(config)
         self.mlp = MLP(config)
 
     def forward(self, x, attn_mask=None, is_causal=False, rotary=None, start=0, cache=None,
-                memory=None, cross_mask=None, cross_cache=None):
-        x = x + self.attention(self.norm_1(x), attn_mask=attn_mask, is_causal=is_causal,
-                               rotary=rotary, start=start, cache=cache)
+                memory=None, cross_mask=None, cross_cache=None, position_bias=None):
+        attend = dict(attn_mask=attn_mask, is_causal=is_causal, rotary=rotary, start=start, cache=cache,
+                      position_bias=position_bias)
+        if self.post_norm:  # BERT
+            x = self.norm_1(x + self.attention(x, **attend))
+            return self.norm_2(x + self.mlp(x))
+        x = x + self.attention(self.norm_1(x), **attend)
         if memory is not None or cross_cache is not None:
             x = x + self.cross_attention(self.norm_cross(x), context=memory, attn_mask=cross_mask, cache=cross_cache)
         return x + self.mlp(self.norm_2(x))
@@ -146,7 +211,18 @@ class ModelConfig:
     d_ff: int = 0               # MLP hidden size (0 = 4 * n_embd)
     dropout: float = 0.0
     bias: bool = True           # biases in Linear and LayerNorm
-    position: str = "learned"   # learned | rope | none (NoPE, claim D5)
+    position: str = "learned"   # learned | rope | relative (T5) | none (NoPE, claim D5)
+    # Options that exist only so that published checkpoints load exactly (pretrained.py); defaults = ours, GPT-2's
+    norm: str = "layernorm"     # layernorm | rmsnorm (T5)
+    norm_eps: float = 1e-5      # BERT 1e-12, T5 1e-6
+    activation: str = "gelu_tanh"  # gelu_tanh (GPT-2) | gelu (BERT) | relu (T5 v1.0)
+    post_norm: bool = False     # BERT: norm after each residual addition, and after the embeddings
+    segment_vocab_size: int = 0  # BERT's token-type (segment) embeddings; we always feed segment 0
+    mlm_head: bool = False      # BERT's output transform (dense, GELU, norm) and output bias before the logits
+    scale_attention: bool = True  # False: T5, whose scores are not divided by sqrt(head size)
+    scale_tied_output: bool = False  # T5: hidden states * n_embd**-0.5 before the tied output embedding
+    relative_buckets: int = 32  # position="relative": T5's buckets and the offset where the last one starts
+    relative_max_distance: int = 128
 
     def __post_init__(self):
         if self.d_ff == 0:
@@ -174,6 +250,12 @@ class ModelConfig:
             raise ValueError("rotary positions need an even head size (n_embd / n_head)")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.norm not in NORMS:
+            raise ValueError(f"unknown norm {self.norm!r}: choose one of {', '.join(NORMS)}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {self.activation!r}: choose one of {', '.join(ACTIVATIONS)}")
+        if self.post_norm and self.arch == "t5":
+            raise ValueError("post_norm is BERT's layout, for one stack; t5 is pre-norm")
 
 
 # Published sizes (parameter counts checked in tests/test_model.py against the reference implementations):
@@ -203,15 +285,26 @@ class Transformer(nn.Module):
             self.position_embedding = nn.Embedding(config.block_size, config.n_embd)  # shared by both t5 stacks
         self.rotary = (RotaryPositions(config.n_embd // config.n_head, config.block_size)
                        if config.position == "rope" else None)
+        if config.position == "relative":  # T5: one bias table per stack; the decoder's sees only the past
+            self.relative_bias = RelativePositionBias(config, bidirectional=ATTENTION_KIND.get(config.arch) != "causal")
+            if config.arch == "t5":
+                self.decoder_relative_bias = RelativePositionBias(config, bidirectional=False)
+        if config.segment_vocab_size:  # BERT
+            self.segment_embedding = nn.Embedding(config.segment_vocab_size, config.n_embd)
+        self.embedding_norm = make_norm(config) if config.post_norm else nn.Identity()  # BERT normalises here...
         self.dropout = nn.Dropout(config.dropout)
         # ---- the architecture switch: the only place where the four differ in modules ----
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))  # t5: the encoder
-        self.final_norm = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.final_norm = nn.Identity() if config.post_norm else make_norm(config)  # ...and so not at the end
         if config.arch == "t5":
             self.decoder_blocks = nn.ModuleList(Block(config, cross_attention=True)
                                                 for _ in range(config.n_decoder_layer))
-            self.decoder_norm = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+            self.decoder_norm = make_norm(config)
+        if config.mlm_head:  # BERT: hidden -> dense -> GELU -> norm, then the tied embedding plus a bias
+            self.head_transform = nn.Sequential(nn.Linear(config.n_embd, config.n_embd),
+                                                nn.GELU(approximate="tanh" if config.activation == "gelu_tanh"
+                                                        else "none"), make_norm(config))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=config.mlm_head)
         self.lm_head.weight = self.token_embedding.weight  # tied input/output embeddings
         self.apply(self._init_weights)
 
@@ -255,7 +348,15 @@ class Transformer(nn.Module):
         x = self.token_embedding(ids)  # (B, T, C)
         if self.config.position == "learned":
             x = x + self.position_embedding(torch.arange(start, start + T, device=ids.device))
-        return self.dropout(x)
+        if self.config.segment_vocab_size:
+            x = x + self.segment_embedding.weight[0]  # every token in segment 0: one text, no sentence pairs
+        return self.dropout(self.embedding_norm(x))
+
+    def position_bias(self, table, query_length, key_length, start):
+        """T5's relative position bias (1, nh, Tq, Tk) from one stack's table, or None for other positions."""
+        if self.config.position != "relative":
+            return None
+        return getattr(self, table)(query_length, key_length, start, self.token_embedding.weight.device)
 
     def run_stack(self, ids, prefix_length=None, key_lengths=None, cache=None):
         """gpt / bert / prefixlm: one stack, the mask picked by the arch. Returns the final hidden states."""
@@ -265,9 +366,10 @@ class Transformer(nn.Module):
         attn_mask, is_causal = masks.attention_mask(ATTENTION_KIND[self.config.arch], T, start + T,
                                                     prefix_length=prefix_length, key_lengths=key_lengths,
                                                     device=ids.device)
+        position_bias = self.position_bias("relative_bias", T, start + T, start)
         for i, block in enumerate(self.blocks):
             x = block(x, attn_mask=attn_mask, is_causal=is_causal, rotary=self.rotary, start=start,
-                      cache=cache.layer(i) if cache is not None else None)
+                      cache=cache.layer(i) if cache is not None else None, position_bias=position_bias)
         if cache is not None:
             cache.advance(ids, T)
         return self.final_norm(x)
@@ -276,8 +378,9 @@ class Transformer(nn.Module):
         """t5's encoder: the same blocks, bidirectional (padding hidden when examples have different lengths)."""
         x = self.embed(ids)
         attn_mask, _ = masks.attention_mask("bidirectional", ids.size(1), key_lengths=key_lengths, device=ids.device)
+        position_bias = self.position_bias("relative_bias", ids.size(1), ids.size(1), 0)
         for block in self.blocks:
-            x = block(x, attn_mask=attn_mask, rotary=self.rotary)
+            x = block(x, attn_mask=attn_mask, rotary=self.rotary, position_bias=position_bias)
         return self.final_norm(x)  # (B, T_enc, C), "memory"
 
     def decode(self, ids, memory=None, key_lengths=None, cache=None):
@@ -293,10 +396,11 @@ class Transformer(nn.Module):
                                                  device=ids.device)
         elif cache is not None:
             cross_mask = cache.cross_mask
+        position_bias = self.position_bias("decoder_relative_bias", T, start + T, start)
         for i, block in enumerate(self.decoder_blocks):
             x = block(x, attn_mask=attn_mask, is_causal=is_causal, rotary=self.rotary, start=start,
                       cache=cache.layer(i) if cache is not None else None,
-                      memory=memory, cross_mask=cross_mask,
+                      memory=memory, cross_mask=cross_mask, position_bias=position_bias,
                       cross_cache=cache.cross_layer(i) if cache is not None else None)
         if cache is not None:
             cache.advance(ids, T)
@@ -315,10 +419,18 @@ class Transformer(nn.Module):
             hidden = self.decode(decoder_inputs, memory, input_lengths)
         else:
             hidden = self.run_stack(inputs, prefix_length)
-        logits = self.lm_head(hidden)  # (B, T, V): every position, MLM needs them all
+        logits = self.logits(hidden)  # (B, T, V): every position, MLM needs them all
         if targets is None:
             return logits, None
         return logits, self.loss(logits, targets, loss_weights)
+
+    def logits(self, hidden):
+        """Final hidden states -> logits over the vocabulary, through the tied output embedding."""
+        if self.config.mlm_head:
+            hidden = self.head_transform(hidden)
+        if self.config.scale_tied_output:
+            hidden = hidden * self.config.n_embd ** -0.5
+        return self.lm_head(hidden)
 
     @staticmethod
     def loss(logits, targets, loss_weights=None):

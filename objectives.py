@@ -38,6 +38,13 @@ class Specials:
     mask: int
     sentinels: list     # <S0>, <S1>, ... for span corruption
     modes: dict         # UL2 mode tokens: {"R": [NLU], "X": [NLG], "S": [S2S]}
+    never_sampled: Optional[list] = None  # published vocabularies (pretrained.py): their special ids, wherever they sit
+
+    def special_ids(self, vocab_size, device=None):
+        """Ids a sampler must never emit: ours are everything from num_ordinary on."""
+        if self.never_sampled is not None:
+            return torch.tensor(self.never_sampled, dtype=torch.long, device=device)
+        return torch.arange(self.num_ordinary, vocab_size, device=device)
 
     @classmethod
     def from_meta(cls, meta):

@@ -4,6 +4,7 @@ Generate from a checkpoint written by train.py.
     python sample.py --out_dir=out-gpt --start="ROMEO:" --max_new_tokens=240
     python sample.py --out_dir=out-gpt --no_cache          # full recomputation each token, for comparison
     python sample.py --out_dir=out-bert --steps=16         # mask-predict: N [MASK]s filled over 16 forward passes
+    python sample.py --init_from=gpt2 --start="The king"   # published weights (pretrained.py; transformers, the hub)
 
 gpt, prefixlm and t5 decode left to right with a KV cache (kvcache.py). bert cannot (claim D4): its conditionals
 do not chain into a left-to-right density (claim C4), so it fills [MASK] placeholders by iterative unmasking,
@@ -24,6 +25,7 @@ from objectives import Specials
 from progress import StopSignals
 
 DEFAULTS = dict(
+    init_from="",             # "" = the checkpoint in out_dir; or gpt2, bert-base-uncased, t5-small, a folder (HF)
     out_dir="out-gpt",
     checkpoint="ckpt.pt",     # or best.pt
     start="\n",               # prompt text, or FILE:path to read it from a file
@@ -149,7 +151,7 @@ def generate_left_to_right(model, ids, objective, specials, config, generator, s
     """gpt / prefixlm / t5: one new token per forward pass, with the KV cache (or recomputing, --no_cache).
     Returns (texts' token lists, what ran)."""
     device = next(model.parameters()).device
-    all_specials = torch.arange(specials.num_ordinary, model.config.vocab_size, device=device)
+    all_specials = specials.special_ids(model.config.vocab_size, device)
     settings = dict(max_new_tokens=config["max_new_tokens"], num_samples=config["num_samples"],
                     temperature=config["temperature"], top_k=config["top_k"] or None, generator=generator,
                     use_cache=not config["no_cache"], stop=stop)
@@ -177,7 +179,7 @@ def generate_left_to_right(model, ids, objective, specials, config, generator, s
 def generate_by_unmasking(model, ids, specials, config, generator, stop):
     """bert (mlm or diffusion): [MASK] placeholders after the prompt, filled over --steps bidirectional passes."""
     device = next(model.parameters()).device
-    all_specials = torch.arange(specials.num_ordinary, model.config.vocab_size, device=device)
+    all_specials = specials.special_ids(model.config.vocab_size, device)
     tokens, passes = iterative_unmask(model, torch.tensor([ids], device=device), num_new=config["max_new_tokens"],
                                       steps=config["steps"], mask_id=specials.mask,
                                       num_samples=config["num_samples"], temperature=config["temperature"],
@@ -234,9 +236,14 @@ def check_memory(model, config, prompt_tokens):
 def main():
     config = apply_overrides(DEFAULTS, sys.argv[1:])
     device = pick_device(config["device"])
-    model, checkpoint = load_model(os.path.join(config["out_dir"], config["checkpoint"]), device)
-    arch, objective, meta = model.config.arch, checkpoint["config"].get("objective"), checkpoint["meta"]
-    specials, tokenizer = Specials.from_meta(meta), Tokenizer(meta)
+    if config["init_from"]:  # published weights (pretrained.py); transformers is needed only here
+        from pretrained import load_for_sampling
+        model, tokenizer, specials = load_for_sampling(config["init_from"], device)
+        arch, objective = model.config.arch, "pretrained"
+    else:
+        model, checkpoint = load_model(os.path.join(config["out_dir"], config["checkpoint"]), device)
+        arch, objective, meta = model.config.arch, checkpoint["config"].get("objective"), checkpoint["meta"]
+        specials, tokenizer = Specials.from_meta(meta), Tokenizer(meta)
     text = read_prompt(config["start"])
     if not text:
         raise UserError("the prompt is empty: pass --start=<text> (or FILE:path)")

@@ -28,7 +28,7 @@ from checkpoint import (CheckpointWriteFailed, OutDirLock, RunLog, check_resume,
                         remove_quietly, restore_rng, rng_state, save_checkpoint)
 from configurator import UserError, apply_overrides, check_training_config, model_config, run_main
 from dataset import get_windows, load_dataset
-from model import Transformer, describe
+from model import ModelConfig, Transformer, describe
 from parallel import Processes
 from progress import Progress, StopSignals, format_duration
 from timing import matmul_flops_per_second
@@ -39,7 +39,7 @@ DEFAULTS = dict(
     objective="",               # "" = the arch's natural one (clm, mlm, prefix_lm, span_corruption)
     dataset="shakespeare_char",  # a folder of data/ holding train.bin, val.bin, meta.pkl
     out_dir="",                 # "" = out-<arch>
-    init_from="scratch",        # scratch | resume (from out_dir/ckpt.pt)
+    init_from="scratch",        # scratch | resume (from out_dir/ckpt.pt) | gpt2, gpt2-medium, ... (pretrained.py)
     preset="",                  # a model *shape* from model.PRESETS (gpt2, bert-base, t5-small, cpu-*): it sets the
                                 # layers/heads/dims/block (winning over those keys); --arch still picks the architecture
     # model
@@ -262,7 +262,14 @@ def train(config):
 
     # the same initial weights on every process; windows, objective noise and dropout differ between processes
     torch.manual_seed(config["seed"])
-    raw_model = Transformer(model_config(config, meta["vocab_size"])).to(device)
+    if checkpoint is not None:  # the saved shape, which for fine-tuned published weights no flag describes
+        raw_model = Transformer(ModelConfig(**{**checkpoint["model_config"], "dropout": config["dropout"]}))
+    elif config["init_from"] != "scratch":  # published weights, fine-tuned (pretrained.py; GPT-2 only here)
+        from pretrained import load_for_training
+        raw_model = load_for_training(config, meta)
+    else:
+        raw_model = Transformer(model_config(config, meta["vocab_size"]))
+    raw_model = raw_model.to(device)
     torch.manual_seed(config["seed"] + 100 * processes.rank)
     random.seed(config["seed"] + processes.rank)
     data_rng = np.random.default_rng(config["seed"] + processes.rank)

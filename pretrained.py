@@ -1,0 +1,340 @@
+"""
+Published checkpoints in the project's own modules: GPT-2, BERT and T5 from the Hugging Face hub or from a folder
+written by `save_pretrained` (issue 17). `transformers` is used here only, and only to read the weights and the
+config; the model that runs is model.Transformer, so every claim test and measurement runs unchanged on them.
+
+    model, tokenizer = load_pretrained("gpt2")          # or "gpt2-medium", "bert-base-uncased", "t5-small", a folder
+
+Each family is one config translation and one table of names, read top to bottom: our parameter name <- theirs
+(with "{i}" for the layer). The few things our modules gained to hold these models exactly are options of the
+same modules (model.ModelConfig): BERT's post-norm, segment embeddings, exact GELU and output transform; T5's
+RMSNorm, relative position bias, unscaled attention scores and ReLU. Their defaults are ours, so nothing else
+changes.
+"""
+import os
+import socket
+
+import torch
+
+from configurator import UserError
+from model import Attention, ModelConfig, Transformer
+from objectives import Specials
+
+# ----------------------------------------------------------------------------- GPT-2
+# Conv1D layers store their weight as (in, out): transposed against nn.Linear. c_attn holds q, k, v side by side.
+
+GPT2_LAYER = {
+    "norm_1.weight": "transformer.h.{i}.ln_1.weight", "norm_1.bias": "transformer.h.{i}.ln_1.bias",
+    "attention.query": "transformer.h.{i}.attn.c_attn:q", "attention.key_value": "transformer.h.{i}.attn.c_attn:kv",
+    "attention.proj": "transformer.h.{i}.attn.c_proj",
+    "norm_2.weight": "transformer.h.{i}.ln_2.weight", "norm_2.bias": "transformer.h.{i}.ln_2.bias",
+    "mlp.fc": "transformer.h.{i}.mlp.c_fc", "mlp.proj": "transformer.h.{i}.mlp.c_proj",
+}
+GPT2_MODEL = {
+    "token_embedding.weight": "transformer.wte.weight", "position_embedding.weight": "transformer.wpe.weight",
+    "final_norm.weight": "transformer.ln_f.weight", "final_norm.bias": "transformer.ln_f.bias",
+}
+
+
+def gpt2_config(hf):
+    if hf.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise UserError(f"GPT-2 with activation {hf.activation_function!r} is not supported (gelu_new only)")
+    return ModelConfig(arch="gpt", vocab_size=hf.vocab_size, block_size=hf.n_positions, n_layer=hf.n_layer,
+                       n_head=hf.n_head, n_embd=hf.n_embd, d_ff=hf.n_inner or 4 * hf.n_embd, bias=True,
+                       norm_eps=hf.layer_norm_epsilon)
+
+
+def gpt2_linear(theirs, name, part, n_embd):
+    """A Conv1D (weight (in, out)) as our Linear's (weight (out, in), bias), optionally a slice of c_attn."""
+    weight, bias = theirs[name + ".weight"].t(), theirs[name + ".bias"]
+    rows = {"q": slice(0, n_embd), "kv": slice(n_embd, 3 * n_embd), None: slice(None)}[part]
+    return weight[rows], bias[rows]
+
+
+# ----------------------------------------------------------------------------- BERT
+# Separate q, k, v (nn.Linear): our key_value is k and v stacked. Post-norm: each LayerNorm follows its residual.
+
+BERT_LAYER = {
+    "attention.query": "bert.encoder.layer.{i}.attention.self.query",
+    "attention.key_value": ("bert.encoder.layer.{i}.attention.self.key", "bert.encoder.layer.{i}.attention.self.value"),
+    "attention.proj": "bert.encoder.layer.{i}.attention.output.dense",
+    "norm_1": "bert.encoder.layer.{i}.attention.output.LayerNorm",
+    "mlp.fc": "bert.encoder.layer.{i}.intermediate.dense", "mlp.proj": "bert.encoder.layer.{i}.output.dense",
+    "norm_2": "bert.encoder.layer.{i}.output.LayerNorm",
+}
+BERT_MODEL = {
+    "token_embedding.weight": "bert.embeddings.word_embeddings.weight",
+    "position_embedding.weight": "bert.embeddings.position_embeddings.weight",
+    "segment_embedding.weight": "bert.embeddings.token_type_embeddings.weight",
+    "embedding_norm": "bert.embeddings.LayerNorm",
+    "head_transform.0": "cls.predictions.transform.dense", "head_transform.2": "cls.predictions.transform.LayerNorm",
+    "lm_head.bias": "cls.predictions.bias",
+}
+
+
+def bert_config(hf):
+    activation = {"gelu": "gelu", "gelu_new": "gelu_tanh", "relu": "relu"}.get(hf.hidden_act)
+    positions = getattr(hf, "position_embedding_type", "absolute")
+    if activation is None or positions != "absolute":
+        raise UserError(f"BERT with activation {hf.hidden_act!r} and positions {positions!r} is not "
+                        f"supported (gelu or relu, absolute positions)")
+    return ModelConfig(arch="bert", vocab_size=hf.vocab_size, block_size=hf.max_position_embeddings,
+                       n_layer=hf.num_hidden_layers, n_head=hf.num_attention_heads, n_embd=hf.hidden_size,
+                       d_ff=hf.intermediate_size, bias=True, norm_eps=hf.layer_norm_eps, activation=activation,
+                       post_norm=True, segment_vocab_size=hf.type_vocab_size, mlm_head=True)
+
+
+# ----------------------------------------------------------------------------- T5
+# No biases anywhere; RMSNorm weights only; one relative-position table per stack, held by its first block.
+
+T5_ENCODER_LAYER = {
+    "norm_1.weight": "encoder.block.{i}.layer.0.layer_norm.weight",
+    "attention.query": "encoder.block.{i}.layer.0.SelfAttention.q",
+    "attention.key_value": ("encoder.block.{i}.layer.0.SelfAttention.k", "encoder.block.{i}.layer.0.SelfAttention.v"),
+    "attention.proj": "encoder.block.{i}.layer.0.SelfAttention.o",
+    "norm_2.weight": "encoder.block.{i}.layer.1.layer_norm.weight",
+    "mlp.fc": "encoder.block.{i}.layer.1.DenseReluDense.wi", "mlp.proj": "encoder.block.{i}.layer.1.DenseReluDense.wo",
+}
+T5_DECODER_LAYER = {
+    "norm_1.weight": "decoder.block.{i}.layer.0.layer_norm.weight",
+    "attention.query": "decoder.block.{i}.layer.0.SelfAttention.q",
+    "attention.key_value": ("decoder.block.{i}.layer.0.SelfAttention.k", "decoder.block.{i}.layer.0.SelfAttention.v"),
+    "attention.proj": "decoder.block.{i}.layer.0.SelfAttention.o",
+    "norm_cross.weight": "decoder.block.{i}.layer.1.layer_norm.weight",
+    "cross_attention.query": "decoder.block.{i}.layer.1.EncDecAttention.q",
+    "cross_attention.key_value": ("decoder.block.{i}.layer.1.EncDecAttention.k",
+                                  "decoder.block.{i}.layer.1.EncDecAttention.v"),
+    "cross_attention.proj": "decoder.block.{i}.layer.1.EncDecAttention.o",
+    "norm_2.weight": "decoder.block.{i}.layer.2.layer_norm.weight",
+    "mlp.fc": "decoder.block.{i}.layer.2.DenseReluDense.wi", "mlp.proj": "decoder.block.{i}.layer.2.DenseReluDense.wo",
+}
+T5_MODEL = {
+    "token_embedding.weight": "shared.weight",
+    "relative_bias.bias.weight": "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+    "decoder_relative_bias.bias.weight": "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+    "final_norm.weight": "encoder.final_layer_norm.weight", "decoder_norm.weight": "decoder.final_layer_norm.weight",
+}
+
+
+def t5_config(hf):
+    if hf.feed_forward_proj != "relu" or hf.d_kv * hf.num_heads != hf.d_model or not hf.tie_word_embeddings:
+        raise UserError(f"T5 with {hf.feed_forward_proj!r} feed-forward, heads of {hf.d_kv} x {hf.num_heads} for "
+                        f"width {hf.d_model}, tied={hf.tie_word_embeddings} is not supported: the original T5 "
+                        f"(t5-small/base/large: relu, d_kv * heads = d_model, tied embeddings) is")
+    return ModelConfig(arch="t5", vocab_size=hf.vocab_size, block_size=hf.n_positions if hasattr(hf, "n_positions")
+                       else 512, n_layer=hf.num_layers, n_decoder_layer=hf.num_decoder_layers, n_head=hf.num_heads,
+                       n_embd=hf.d_model, d_ff=hf.d_ff, bias=False, position="relative", norm="rmsnorm",
+                       norm_eps=hf.layer_norm_epsilon, activation="relu", scale_attention=False,
+                       scale_tied_output=True, relative_buckets=hf.relative_attention_num_buckets,
+                       relative_max_distance=hf.relative_attention_max_distance)
+
+
+# ----------------------------------------------------------------------------- the loader
+
+FAMILIES = {  # model_type in config.json -> (config translation, per-layer tables, whole-model table)
+    "gpt2": (gpt2_config, {"blocks": GPT2_LAYER}, GPT2_MODEL),
+    "bert": (bert_config, {"blocks": BERT_LAYER}, BERT_MODEL),
+    "t5": (t5_config, {"blocks": T5_ENCODER_LAYER, "decoder_blocks": T5_DECODER_LAYER}, T5_MODEL),
+}
+
+
+def their_tensors(theirs, name, n_embd):
+    """{"weight": ..., "bias": ...} for one of our modules/parameters from their name (see the tables)."""
+    if isinstance(name, tuple):  # k and v stacked into our key_value
+        parts = [their_tensors(theirs, n, n_embd) for n in name]
+        return {kind: torch.cat([p[kind] for p in parts]) for kind in parts[0]}
+    if ":" in name:  # GPT-2's Conv1D
+        base, part = name.split(":")
+        weight, bias = gpt2_linear(theirs, base, part, n_embd)
+        return {"weight": weight, "bias": bias}
+    if name.startswith("transformer.h.") and name.endswith(("c_proj", "c_fc")):
+        weight, bias = gpt2_linear(theirs, name, None, n_embd)
+        return {"weight": weight, "bias": bias}
+    if name in theirs:
+        return {"": theirs[name]}
+    return {kind: theirs[f"{name}.{kind}"] for kind in ("weight", "bias") if f"{name}.{kind}" in theirs}
+
+
+def convert_state_dict(family, config, theirs):
+    """Our state dict from theirs, by the family's tables; every one of our parameters must be filled."""
+    _, layer_tables, model_table = FAMILIES[family]
+    pairs = list(model_table.items())
+    for stack, table in layer_tables.items():
+        layers = config.n_layer if stack == "blocks" else config.n_decoder_layer
+        pairs += [(f"{stack}.{i}.{ours}", tuple(t.format(i=i) for t in their) if isinstance(their, tuple)
+                   else their.format(i=i)) for i in range(layers) for ours, their in table.items()]
+    ours = {}
+    for our_name, their_name in pairs:
+        for kind, tensor in their_tensors(theirs, their_name, config.n_embd).items():
+            ours[f"{our_name}.{kind}" if kind else our_name] = tensor
+    return ours
+
+
+def load_weights_into(model, state_dict, source):
+    expected = {k for k in model.state_dict() if k != "lm_head.weight"}  # tied to token_embedding
+    missing, unexpected = sorted(expected - set(state_dict)), sorted(set(state_dict) - expected)
+    if missing or unexpected:
+        raise UserError(f"{source}: the weights do not match the model (missing {missing[:3]}, unexpected "
+                        f"{unexpected[:3]}): is it a GPT-2, BERT or T5 checkpoint?")
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if name in state_dict:
+                if tensor.shape != state_dict[name].shape:
+                    raise UserError(f"{source}: {name} has shape {tuple(state_dict[name].shape)}, the model "
+                                    f"expects {tuple(tensor.shape)}")
+                tensor.copy_(state_dict[name])
+
+
+def hub_reachable(seconds=5.0):
+    """One quick connection attempt, instead of the hub client's minute of retries with a message each."""
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", ""):
+        return False
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=seconds).close()
+        return True
+    except OSError:
+        return False
+
+
+def read_hugging_face(name_or_folder):
+    """(their config, their state dict, their tokenizer or None) through transformers, with one-line errors."""
+    try:
+        import transformers
+    except ImportError:
+        raise UserError("loading published weights needs the optional package transformers: "
+                        "pip install transformers") from None
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    local = os.path.isdir(name_or_folder)
+    if not local and (name_or_folder.startswith((".", "/", "~")) or os.path.exists(name_or_folder)):
+        raise UserError(f"{name_or_folder} is not a folder: pass a folder written by save_pretrained, or a hub "
+                        f"name such as gpt2, bert-base-uncased, t5-small")
+    if not local and not hub_reachable():
+        from huggingface_hub import try_to_load_from_cache
+        try:
+            cached = try_to_load_from_cache(name_or_folder, "config.json")
+        except ValueError:  # not even a valid hub name
+            cached = None
+        if not isinstance(cached, str):
+            raise UserError(f"could not load {name_or_folder!r}: it is not a folder, and the Hugging Face hub cannot "
+                            f"be reached to download it (no network?): pass a folder written by save_pretrained")
+        os.environ["HF_HUB_OFFLINE"] = "1"  # downloaded before: read the local cache without retrying the network
+    try:
+        hf_config = transformers.AutoConfig.from_pretrained(name_or_folder)
+        if hf_config.model_type not in FAMILIES:
+            raise UserError(f"{name_or_folder} is a {hf_config.model_type!r} model: only GPT-2, BERT and T5 load")
+        model_class = {"gpt2": transformers.GPT2LMHeadModel, "bert": transformers.BertForMaskedLM,
+                       "t5": transformers.T5ForConditionalGeneration}[hf_config.model_type]
+        hf_model = model_class.from_pretrained(name_or_folder, torch_dtype=torch.float32)
+    except (OSError, ValueError) as e:
+        where = ("the folder" if local else "the Hugging Face hub (is there a network? a name like gpt2, "
+                 "bert-base-uncased, t5-small; or a folder written by save_pretrained)")
+        raise UserError(f"could not load {name_or_folder!r} from {where}: {str(e).splitlines()[0][:200]}") from None
+    tokenizer = None  # GPT-2's BPE comes from tiktoken, as everywhere in the project
+    files = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spiece.model")
+    has_tokenizer = not local or any(os.path.exists(os.path.join(name_or_folder, f)) for f in files)
+    if hf_config.model_type != "gpt2" and has_tokenizer:  # else: weights only (the tests' tiny models)
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_folder)
+        except (OSError, ValueError, TypeError):
+            pass
+    return hf_config, hf_model.state_dict(), tokenizer
+
+
+def build(hf_config, theirs, source, device):
+    family = hf_config.model_type
+    config = FAMILIES[family][0](hf_config)
+    model = Transformer(config)  # random init first (a second or two for GPT-2 small), then overwritten
+    load_weights_into(model, convert_state_dict(family, config, theirs), source)
+    return model.to(device).eval(), family
+
+
+def load_pretrained(name_or_folder, device="cpu"):
+    """(Transformer with the published weights, in eval mode; their transformers tokenizer or None)."""
+    hf_config, theirs, tokenizer = read_hugging_face(name_or_folder)
+    return build(hf_config, theirs, name_or_folder, device)[0], tokenizer
+
+
+# ----------------------------------------------------------------------------- their tokenizers, for sample.py
+
+class PublishedTokenizer:
+    """sample.py's tokenizer interface (encode, decode) over GPT-2's BPE (tiktoken, as the rest of the project) or
+    the transformers tokenizer that came with a BERT or T5 checkpoint."""
+
+    def __init__(self, family, hf_tokenizer):
+        self.family, self.hf = family, hf_tokenizer
+        if family == "gpt2":
+            import tiktoken
+            try:
+                self.encoding = tiktoken.get_encoding("gpt2")
+            except Exception as e:
+                raise UserError(f"tiktoken could not load the gpt2 encoding ({type(e).__name__}); offline, set "
+                                f"TIKTOKEN_CACHE_DIR to a folder holding its files") from None
+        elif hf_tokenizer is None:
+            raise UserError(f"this {family} checkpoint has no tokenizer files: save the tokenizer beside the weights "
+                            f"(tokenizer.save_pretrained(folder)) to sample from it")
+
+    def encode(self, text):
+        if self.family == "gpt2":
+            return self.encoding.encode_ordinary(text)
+        if self.family == "bert":  # [CLS] text; the [MASK]s to fill follow
+            return [self.hf.cls_token_id] + self.hf.encode(text, add_special_tokens=False)
+        return self.hf.encode(text)  # t5: text </s>, the encoder's input
+
+    def decode(self, ids):
+        if self.family == "gpt2":
+            return self.encoding.decode(ids)
+        if self.family == "t5" and self.hf.eos_token_id in ids:  # the decoder is done at </s>
+            ids = ids[:ids.index(self.hf.eos_token_id)]
+        if self.family == "t5":
+            return self.hf.decode(ids)
+        text = self.hf.decode(ids, skip_special_tokens=True)  # bert: words after the prompt's words get a space
+        return " " + text if text and not self.hf.convert_ids_to_tokens(ids[0]).startswith("##") else text
+
+    def specials(self, vocab_size):
+        """Specials for the samplers: the mask id (BERT), pad as t5's decoder start, the ids never to sample."""
+        if self.family == "gpt2":
+            end = self.encoding.eot_token
+            return Specials(end, end, end, end, [], {}, never_sampled=[end])
+        hf = self.hf
+        never = [hf.pad_token_id] if self.family == "t5" else list(hf.all_special_ids)  # t5 may write sentinels
+        return Specials(vocab_size, hf.pad_token_id, hf.eos_token_id or hf.sep_token_id,
+                        hf.mask_token_id if hf.mask_token_id is not None else hf.unk_token_id, [], {},
+                        never_sampled=[i for i in never if i is not None and i < vocab_size])
+
+
+def load_for_sampling(name_or_folder, device):
+    """(model, tokenizer, specials) for sample.py --init_from=..."""
+    hf_config, theirs, hf_tokenizer = read_hugging_face(name_or_folder)
+    model, _ = build(hf_config, theirs, name_or_folder, device)
+    tokenizer = PublishedTokenizer(hf_config.model_type, hf_tokenizer)
+    return model, tokenizer, tokenizer.specials(model.config.vocab_size)
+
+
+def load_for_training(config, meta):
+    """train.py --init_from=gpt2 (or a GPT-2 folder): fine-tune published GPT-2 weights on a dataset written in
+    the same GPT-2 BPE. The training config is updated to describe the loaded shape (so the checkpoint says
+    what it holds, and --init_from=resume rebuilds it). BERT and T5 read their own WordPiece/SentencePiece
+    tokens, which data/ does not prepare: refused with the reason."""
+    name = config["init_from"]
+    model, _ = load_pretrained(name)
+    c = model.config
+    if c.arch != "gpt":
+        raise UserError(f"train.py fine-tunes published GPT-2 weights only: {name} is a {c.arch}, and its tokenizer is "
+                        f"not one data/ prepares datasets with (sample.py --init_from={name} runs it as published)")
+    if config["arch"] != "gpt":
+        raise UserError(f"--init_from={name} is a gpt: pass --arch=gpt (not {config['arch']})")
+    if meta.get("tokenizer") != "gpt2":
+        raise UserError(f"--init_from={name} reads GPT-2 BPE tokens but dataset {config['dataset']} is "
+                        f"{meta.get('tokenizer')}-level: use --dataset=shakespeare (prepared with tiktoken's gpt2)")
+    if config["block_size"] > c.block_size:
+        raise UserError(f"--block_size={config['block_size']} is longer than {name}'s {c.block_size} positions")
+    c.dropout = config["dropout"]  # published GPT-2 trained with 0.1; the flag decides for fine-tuning
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = c.dropout
+        elif isinstance(module, Attention):
+            module.dropout = c.dropout
+    config.update(n_layer=c.n_layer, n_decoder_layer=0, n_head=c.n_head, n_embd=c.n_embd, bias=c.bias,
+                  position=c.position, published_weights=name)
+    return model.train()

@@ -1,0 +1,216 @@
+"""Published checkpoints load into the project's own modules exactly (issue 17): tiny random GPT-2, BERT and T5
+built with `transformers` and saved with save_pretrained give the same logits and the same greedy generations in
+our Transformer; the full-size configs have exactly the published parameter counts; offline, a hub name fails
+with one line. Skipped where transformers is not installed (.ci/run installs it)."""
+import os
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+import kvcache  # noqa: E402
+import pretrained  # noqa: E402
+from conftest import run_script  # noqa: E402
+from model import Transformer  # noqa: E402
+
+VOCAB = 97
+
+
+def tiny_gpt2():
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        n_layer=2, n_head=2, n_embd=32, vocab_size=VOCAB, n_positions=128, initializer_range=0.2,
+        bos_token_id=0, eos_token_id=0))
+
+
+def tiny_bert():
+    return transformers.BertForMaskedLM(transformers.BertConfig(
+        num_hidden_layers=2, num_attention_heads=2, hidden_size=32, intermediate_size=64, vocab_size=VOCAB,
+        max_position_embeddings=64, initializer_range=0.2))
+
+
+def tiny_t5(decoder_layers=3):
+    # few buckets and a short max_distance: offsets in the test cross into the log-spaced buckets; a decoder
+    # deeper than the encoder checks the two stacks are mapped separately
+    return transformers.T5ForConditionalGeneration(transformers.T5Config(
+        num_layers=2, num_decoder_layers=decoder_layers, num_heads=2, d_model=32, d_kv=16, d_ff=64, vocab_size=VOCAB,
+        relative_attention_num_buckets=8, relative_attention_max_distance=20, initializer_factor=3.0,
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1))
+
+
+def saved(hf_model, tmp_path, name):
+    torch.manual_seed(0)
+    folder = tmp_path / name
+    hf_model.eval().save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert", "t5"])
+def test_logits_equal_transformers(family, tmp_path):
+    torch.manual_seed(0)
+    theirs = {"gpt2": tiny_gpt2, "bert": tiny_bert, "t5": tiny_t5}[family]().eval()
+    ours, tokenizer = pretrained.load_pretrained(saved(theirs, tmp_path, family))
+    assert isinstance(ours, Transformer) and tokenizer is None  # weights only in the folder
+    ids = torch.randint(0, VOCAB, (3, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        if family == "t5":
+            decoder_ids = torch.randint(0, VOCAB, (3, 30), generator=torch.Generator().manual_seed(2))
+            expected = theirs(input_ids=ids, decoder_input_ids=decoder_ids).logits
+            got = ours(ids, decoder_inputs=decoder_ids)[0]
+        else:
+            expected, got = theirs(ids).logits, ours(ids)[0]
+    assert expected.abs().max() > 0.5  # the comparison is not between near-zero numbers
+    assert (expected - got).abs().max().item() <= 1e-4
+    assert ours.num_parameters() == sum(p.numel() for p in theirs.parameters())
+
+
+def test_greedy_generation_equals_transformers_generate(tmp_path):
+    """50 greedy tokens, our KV-cached sampler vs transformers' generate, for GPT-2 (a prompt) and T5 (an
+    encoder input, decoding from the pad token). Relative positions and the cache must agree at every step."""
+    torch.manual_seed(0)
+    prompt = torch.randint(2, VOCAB, (1, 12), generator=torch.Generator().manual_seed(3))
+    gpt2 = tiny_gpt2().eval()
+    ours, _ = pretrained.load_pretrained(saved(gpt2, tmp_path, "gpt2"))
+    expected = gpt2.generate(prompt, max_new_tokens=50, do_sample=False, eos_token_id=None, pad_token_id=0,
+                             attention_mask=torch.ones_like(prompt))
+    got = kvcache.generate(ours, prompt, 50, top_k=1)
+    assert expected.shape == got.shape == (1, 62) and torch.equal(expected, got)
+    assert len(set(got[0, 12:].tolist())) > 3  # not a degenerate repetition of one token
+
+    t5 = tiny_t5(decoder_layers=2).eval()  # (transformers' own cache fails on unequal depths)
+    ours, _ = pretrained.load_pretrained(saved(t5, tmp_path, "t5"))
+    expected = t5.generate(prompt, max_new_tokens=50, do_sample=False, eos_token_id=None,
+                           attention_mask=torch.ones_like(prompt))
+    got = kvcache.generate(ours, None, 50, top_k=1, encoder_inputs=prompt, start_token=0)
+    assert expected.shape == got.shape == (1, 51) and torch.equal(expected, got)
+    uncached = kvcache.generate(ours, None, 50, top_k=1, encoder_inputs=prompt, start_token=0, use_cache=False)
+    assert torch.equal(got, uncached)
+
+
+# Parameter counts of the published checkpoints (Hugging Face GPT2LMHeadModel, BertForMaskedLM,
+# T5ForConditionalGeneration; tied embeddings counted once)
+PUBLISHED = {
+    "gpt2": (124_439_808, lambda: transformers.GPT2Config()),
+    "gpt2-medium": (354_823_168, lambda: transformers.GPT2Config(n_layer=24, n_head=16, n_embd=1024)),
+    "gpt2-large": (774_030_080, lambda: transformers.GPT2Config(n_layer=36, n_head=20, n_embd=1280)),
+    "gpt2-xl": (1_557_611_200, lambda: transformers.GPT2Config(n_layer=48, n_head=25, n_embd=1600)),
+    "bert-base-uncased": (109_514_298, lambda: transformers.BertConfig()),
+    "bert-large-uncased": (335_174_458, lambda: transformers.BertConfig(
+        hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)),
+    "t5-small": (60_506_624, lambda: transformers.T5Config()),
+    "t5-base": (222_903_552, lambda: transformers.T5Config(d_model=768, d_ff=3072, num_layers=12, num_heads=12)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_full_size_parameter_counts_are_the_published_ones(name):
+    count, make_config = PUBLISHED[name]
+    hf_config = make_config()
+    with torch.device("meta"):  # shapes only, no memory
+        model = Transformer(pretrained.FAMILIES[hf_config.model_type][0](hf_config))
+    assert model.num_parameters() == count
+
+
+def test_defaults_unchanged_by_the_pretrained_options():
+    """Our own gpt/bert/t5 keep their layout: pre-norm LayerNorm, tanh GELU, scaled scores, no extra modules."""
+    for arch in ("gpt", "bert", "prefixlm", "t5"):
+        names = set(dict(Transformer(pretrained.ModelConfig(arch=arch, vocab_size=50, block_size=16, n_layer=2,
+                                                            n_head=2, n_embd=16)).named_parameters()))
+        assert not any(n.startswith(("segment_embedding", "embedding_norm", "head_transform", "relative_bias"))
+                       for n in names)
+        assert "lm_head.bias" not in names
+
+
+@pytest.mark.parametrize("name, message", [
+    ("gpt2-not-downloaded-xyz", "could not load 'gpt2-not-downloaded-xyz': it is not a folder, and the Hugging Face "
+                                "hub cannot be reached"),
+    ("./no-such-folder", "./no-such-folder is not a folder"),
+])
+def test_hub_name_offline_is_one_line(name, message):
+    result = run_script("sample.py", f"--init_from={name}", "--max_new_tokens=5",
+                        env={**os.environ, "HF_HUB_OFFLINE": "1"})  # as on a machine without network, at once
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0]
+
+
+def test_a_folder_that_is_not_a_checkpoint_is_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(pretrained.UserError, match="could not load"):
+        pretrained.load_pretrained(str(tmp_path / "empty"))
+
+
+def test_sample_from_a_published_gpt2_folder(tmp_path):
+    """sample.py --init_from=<folder>: GPT-2 with its BPE (tiktoken) decodes left to right with the cache."""
+    tiktoken = pytest.importorskip("tiktoken")
+    try:
+        tiktoken.get_encoding("gpt2")
+    except Exception:
+        pytest.skip("tiktoken's gpt2 files are not available offline (CI sets TIKTOKEN_CACHE_DIR)")
+    torch.manual_seed(0)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=64))
+    gpt2_folder = saved(gpt2, tmp_path, "gpt2-bpe")  # the full 50257-token vocabulary: tiktoken's ids
+    result = run_script("sample.py", f"--init_from={gpt2_folder}", "--start=The king", "--max_new_tokens=8",
+                        "--num_samples=2")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("The king") == 2 and "gpt (pretrained): 2 x 8 tokens" in result.stdout
+
+
+def test_sample_from_a_published_bert_folder(tmp_path):
+    """BERT with the WordPiece tokenizer saved beside it fills [MASK]s; the text has no special token."""
+    torch.manual_seed(0)
+
+    words = "[PAD] [UNK] [CLS] [SEP] [MASK] the king and queen of england speak to their people".split()
+    tokenizer = transformers.BertTokenizer(vocab={w: i for i, w in enumerate(words)})
+    bert = transformers.BertForMaskedLM(transformers.BertConfig(
+        num_hidden_layers=1, num_attention_heads=2, hidden_size=16, intermediate_size=32, vocab_size=len(words),
+        max_position_embeddings=32))
+    bert_folder = saved(bert, tmp_path, "bert-wordpiece")
+    tokenizer.save_pretrained(bert_folder)
+    result = run_script("sample.py", f"--init_from={bert_folder}", "--start=the king", "--max_new_tokens=6",
+                        "--steps=3", "--num_samples=1")
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = result.stdout.splitlines()[0]
+    assert text.startswith("the king") and len(text.split()) == 2 + 6  # six words filled in
+    assert not any(w in text for w in ("[MASK]", "[UNK]", "[PAD]", "[CLS]", "[SEP]"))
+
+
+def test_fine_tune_published_gpt2_and_resume(tmp_path, char_dataset):
+    """train.py --init_from=<GPT-2 folder> starts from the published weights and saves a checkpoint that
+    --init_from=resume continues; a char-level dataset is refused with one line."""
+    tiktoken = pytest.importorskip("tiktoken")
+    try:
+        tiktoken.get_encoding("gpt2")
+    except Exception:
+        pytest.skip("tiktoken's gpt2 files are not available offline (CI sets TIKTOKEN_CACHE_DIR)")
+    torch.manual_seed(0)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=64))
+    folder = saved(gpt2, tmp_path, "gpt2-bpe")
+    text = open(char_dataset + "/source.txt", encoding="utf-8").read()[:20_000]
+    (tmp_path / "bpe").mkdir()
+    from conftest import load_prepare
+    prepare = load_prepare("shakespeare")
+    (tmp_path / "bpe" / "input.txt").write_text(text, encoding="utf-8")
+    prepare.prepare(str(tmp_path / "bpe" / "input.txt"), str(tmp_path / "bpe"))
+    common = ["--dataset=" + str(tmp_path / "bpe"), "--block_size=32", "--batch_size=4", "--eval_iters=2",
+              "--eval_interval=5", f"--out_dir={tmp_path / 'out'}", "--quiet=True"]
+    # at a learning rate of 1e-30 (no float32 weight moves) the checkpoint holds exactly the published weights
+    result = run_script("train.py", f"--init_from={folder}", "--max_iters=5", "--learning_rate=1e-30", "--min_lr=0",
+                        *common)
+    assert result.returncode == 0, result.stderr[-2000:]
+    checkpoint = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=False)
+    assert checkpoint["model_config"]["vocab_size"] == 50257 and checkpoint["config"]["published_weights"] == folder
+    theirs = pretrained.convert_state_dict("gpt2", pretrained.gpt2_config(gpt2.config), gpt2.state_dict())
+    assert set(theirs) <= set(checkpoint["model"])
+    # (zero-initialised biases move by ~1e-31; a different init would differ by ~0.02)
+    assert max((checkpoint["model"][name] - tensor).abs().max().item() for name, tensor in theirs.items()) < 1e-20
+    result = run_script("train.py", "--init_from=resume", "--max_iters=10", "--learning_rate=1e-30", "--min_lr=0",
+                        *common)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert torch.load(tmp_path / "out" / "ckpt.pt", weights_only=False)["iter_num"] == 10
+
+    refused = run_script("train.py", f"--init_from={folder}", f"--dataset={char_dataset}", "--block_size=32",
+                         f"--out_dir={tmp_path / 'out2'}")
+    assert refused.returncode == 2 and "reads GPT-2 BPE tokens" in refused.stderr
+    assert "Traceback" not in refused.stderr and not (tmp_path / "out2" / "ckpt.pt").exists()
