@@ -214,3 +214,39 @@ def test_fine_tune_published_gpt2_and_resume(tmp_path, char_dataset):
                          f"--out_dir={tmp_path / 'out2'}")
     assert refused.returncode == 2 and "reads GPT-2 BPE tokens" in refused.stderr
     assert "Traceback" not in refused.stderr and not (tmp_path / "out2" / "ckpt.pt").exists()
+
+
+def test_published_claims_command_on_local_folders(tmp_path, char_dataset):
+    """published_claims.py end to end on tiny GPT-2 / BERT folders (the real run needs the hub): GPT-2's
+    renormalised chain rule sums to 1 over W x W, BERT's pseudo-likelihood (non-uniform weights) does not."""
+    tiktoken = pytest.importorskip("tiktoken")
+    try:
+        tiktoken.get_encoding("gpt2")
+    except Exception:
+        pytest.skip("tiktoken's gpt2 files are not available offline (CI sets TIKTOKEN_CACHE_DIR)")
+    import collections
+    import json
+    text = open(char_dataset + "/source.txt", encoding="utf-8").read()
+    words = [w for w, _ in collections.Counter(w for w in text.split() if w.isalpha() and w.islower()).most_common(200)]
+    vocabulary = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words
+    torch.manual_seed(0)
+    bert = transformers.BertForMaskedLM(transformers.BertConfig(
+        num_hidden_layers=1, num_attention_heads=2, hidden_size=16, intermediate_size=32, vocab_size=len(vocabulary),
+        max_position_embeddings=512, initializer_range=1.0))  # far from uniform conditionals
+    bert_folder = saved(bert, tmp_path, "bert")
+    transformers.BertTokenizer(vocab={w: i for i, w in enumerate(vocabulary)}).save_pretrained(bert_folder)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=256,
+                                                                initializer_range=1.0))
+    gpt_folder = saved(gpt2, tmp_path, "gpt2")
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    result = run_script("published_claims.py", f"--gpt={gpt_folder}", f"--bert={bert_folder}",
+                        f"--text={tmp_path / 'text.txt'}", f"--out_dir={tmp_path}", "--cloze_blanks=20",
+                        "--decode_tokens=8", "--vocabulary_words=20", "--windows=4")
+    assert result.returncode == 0, result.stderr[-2000:]
+    data = json.loads((tmp_path / "published-claims.json").read_text())
+    sums = data["C4 sum over W x W"]
+    # (a random net barely couples the two tokens, so BERT is near 1; still 1000x float error away from it)
+    assert abs(sums["gpt-2 chain rule"] - 1) < 1e-6 and abs(sums["bert pseudo-likelihood"] - 1) > 1e-4
+    assert len(data["D3 effective rank per layer (of T)"]["bert"]) == 1
+    assert data["B1/D1 cloze accuracy"]["blanks"] == 20
+    assert data["D4 decoding"]["cached"] > 0 and (tmp_path / "published-claims.md").exists()

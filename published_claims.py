@@ -1,0 +1,194 @@
+"""
+The chapter's measurable claims on the published models it is about (issue 17): GPT-2 and BERT as released,
+loaded into the project's own modules by pretrained.py, measured with the same functions as our small models.
+
+    python published_claims.py                                   # gpt2 + bert-base-uncased from the hub (~10 min CPU)
+    python published_claims.py --gpt=gpt2-medium --device=cuda
+    python published_claims.py --gpt=FOLDER --bert=FOLDER        # folders written by save_pretrained (the tests)
+
+It needs `transformers` and, for hub names, a network the first time (then the hub's cache). This repository's
+machines have no network: it has not been run on the real models here (README, Published models).
+
+    C4     are the conditionals a joint distribution? Over a small vocabulary W (the most frequent words of the
+           text, every conditional renormalised to W), GPT-2's chain rule p(x) p(y | x) sums to 1 over W x W by
+           construction (an illustration, and a check of the code); BERT's pseudo-likelihood p(x | y) p(y | x)
+           need not (the measurement). Also bits per character of the same text: GPT-2's is a likelihood, BERT's
+           pseudo-likelihood is not (it sees both sides of each token, so it is lower and means something else).
+    D3     effective rank of every layer's attention matrices on windows of the text (causal: lower triangular
+           with a positive diagonal, full numerical rank by construction; bidirectional: measured)
+    B1/D1  cloze on words that are one token for both tokenizers: BERT with both sides vs GPT-2 from the left
+           only, beside always answering the most frequent blanked word
+    D4     GPT-2 decoding on this device with the KV cache vs recomputing, tokens/s, and the share of the
+           bandwidth floor (every weight read once per token)
+"""
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+import kvcache
+from configurator import UserError, apply_overrides, pick_device, run_main
+from pretrained import load_for_sampling
+from progress import format_duration
+from study import attention_ranks
+from timing import copy_bandwidth, median_time
+
+DEFAULTS = dict(gpt="gpt2", bert="bert-base-uncased", text="", device="auto", windows=8, window_tokens=64,
+                vocabulary_words=40, cloze_blanks=200, decode_tokens=32, out_dir="study_results", seed=1337)
+LN2 = math.log(2)
+FALLBACK_TEXTS = [os.path.join("data", "shakespeare_char", "input.txt"), os.path.join("data", "shakespeare", "input.txt"),
+                  os.path.join("..", "shared", "data", "tinyshakespeare", "input.txt")]
+
+
+def read_text(path):
+    for candidate in [path] if path else FALLBACK_TEXTS:
+        if os.path.isfile(candidate):
+            with open(candidate, encoding="utf-8") as f:
+                return f.read()[:200_000]
+    raise UserError(f"no text: pass --text=<a UTF-8 file>" if not path else f"--text={path} is not a file")
+
+
+# ----------------------------------------------------------------------------- C4
+
+@torch.no_grad()
+def two_token_normalisation(gpt, gpt_tok, bert, bert_tok, words):
+    """Sum over W x W of GPT-2's chain rule and of BERT's pseudo-likelihood, conditionals renormalised to W."""
+    device = gpt.token_embedding.weight.device
+    gpt_ids = torch.tensor([gpt_tok.encode(" " + w)[0] for w in words], device=device)
+    bert_ids = torch.tensor([bert_tok.hf.convert_tokens_to_ids(w) for w in words], device=device)
+    end = gpt_tok.encoding.eot_token  # GPT-2's text starts after <|endoftext|>
+    first = torch.log_softmax(gpt(torch.tensor([[end]], device=device))[0][0, -1, gpt_ids], -1)  # log p_W(x)
+    second = torch.log_softmax(gpt(torch.stack([torch.full_like(gpt_ids, end), gpt_ids], 1))[0][:, -1][:, gpt_ids], -1)
+    gpt_sum = (first[:, None] + second).exp().sum().item()  # sum_x sum_y p_W(x) p_W(y | x)
+    hf = bert_tok.hf
+    n = len(words)
+    cls, sep, mask = hf.cls_token_id, hf.sep_token_id, hf.mask_token_id
+    column = lambda t: torch.full((n, 1), t, device=device)  # noqa: E731
+    left = bert(torch.cat([column(cls), column(mask), bert_ids[:, None], column(sep)], 1))[0][:, 1, bert_ids]
+    right = bert(torch.cat([column(cls), bert_ids[:, None], column(mask), column(sep)], 1))[0][:, 2, bert_ids]
+    p_x_given_y = torch.softmax(left, -1)   # row y: p_W(x | y)
+    p_y_given_x = torch.softmax(right, -1)  # row x: p_W(y | x)
+    bert_sum = (p_x_given_y.t() * p_y_given_x).sum().item()  # sum_x sum_y p_W(x | y) p_W(y | x)
+    return gpt_sum, bert_sum
+
+
+@torch.no_grad()
+def bits_per_character(gpt, gpt_tok, bert, bert_tok, passages):
+    """GPT-2's chain-rule bits/char and BERT's pseudo-log-likelihood bits/char (one [MASK] at a time)."""
+    gpt_nll = bert_nll = characters = 0.0
+    device = gpt.token_embedding.weight.device
+    for text in passages:
+        ids = torch.tensor([[gpt_tok.encoding.eot_token] + gpt_tok.encode(text)], device=device)
+        logp = torch.log_softmax(gpt(ids[:, :-1])[0].float(), -1)
+        gpt_nll -= logp.gather(-1, ids[:, 1:, None]).sum().item()
+        hf = bert_tok.hf
+        tokens = torch.tensor([hf.cls_token_id] + hf.encode(text, add_special_tokens=False) + [hf.sep_token_id],
+                              device=device)
+        masked = tokens.repeat(len(tokens) - 2, 1)
+        positions = torch.arange(1, len(tokens) - 1, device=device)
+        masked[torch.arange(len(positions)), positions] = hf.mask_token_id
+        logp = torch.log_softmax(bert(masked)[0][torch.arange(len(positions)), positions].float(), -1)
+        bert_nll -= logp.gather(-1, tokens[positions, None]).sum().item()
+        characters += len(text)
+    return gpt_nll / characters / LN2, bert_nll / characters / LN2
+
+
+# ----------------------------------------------------------------------------- B1 / D1
+
+@torch.no_grad()
+def cloze(gpt, gpt_tok, bert, bert_tok, text, blanks, rng):
+    """Blank single words (one token in both vocabularies, with 30 words of context before and after)."""
+    words = text.split()
+    hf = bert_tok.hf
+    usable = [i for i in range(30, len(words) - 30) if words[i].isalpha() and words[i].islower()
+              and len(gpt_tok.encode(" " + words[i])) == 1 and hf.convert_tokens_to_ids(words[i]) != hf.unk_token_id]
+    if not usable:
+        raise UserError("no word of the text is a single token for both tokenizers: pass a longer English --text")
+    chosen = [usable[i] for i in torch.randperm(len(usable), generator=rng)[:blanks].tolist()]
+    both = left = 0
+    answers, device = [], gpt.token_embedding.weight.device
+    for i in chosen:
+        before, after, word = " ".join(words[i - 30:i]), " ".join(words[i + 1:i + 31]), words[i]
+        ids = [hf.cls_token_id] + hf.encode(before, add_special_tokens=False) + [hf.mask_token_id]
+        position = len(ids) - 1
+        ids += hf.encode(after, add_special_tokens=False) + [hf.sep_token_id]
+        both += int(bert(torch.tensor([ids], device=device))[0][0, position].argmax() == hf.convert_tokens_to_ids(word))
+        gpt_ids = torch.tensor([gpt_tok.encode(before)], device=device)
+        left += int(gpt(gpt_ids)[0][0, -1].argmax() == gpt_tok.encode(" " + word)[0])
+        answers.append(word)
+    most_frequent = max(set(answers), key=answers.count)
+    return {"blanks": len(chosen), "bert, both sides": both / len(chosen), "gpt-2, left only": left / len(chosen),
+            f"always {most_frequent!r} (the most frequent blanked word)": answers.count(most_frequent) / len(chosen)}
+
+
+# ----------------------------------------------------------------------------- D4
+
+def decoding_speed(gpt, gpt_tok, text, new_tokens, device):
+    prompt = torch.tensor([gpt_tok.encode(text)[:64]], device=device)
+    seconds = {mode: median_time(lambda: kvcache.generate(gpt, prompt, new_tokens, top_k=1, use_cache=mode == "cached"),
+                                 device, repeats=3, warmup=1) for mode in ("cached", "recomputed")}
+    weight_bytes = sum(p.numel() * p.element_size() for p in gpt.parameters())
+    floor = weight_bytes / (copy_bandwidth(device) / 2)  # seconds to read every weight once
+    return {mode: new_tokens / s for mode, s in seconds.items()} | {
+        "bandwidth floor tokens/s": 1 / floor, "cached share of the floor": (new_tokens / seconds["cached"]) * floor}
+
+
+# ----------------------------------------------------------------------------- the command
+
+def main():
+    config = apply_overrides(DEFAULTS, sys.argv[1:])
+    device = pick_device(config["device"])
+    text = read_text(config["text"])
+    t0 = time.perf_counter()
+    say = lambda what: print(f"[{format_duration(time.perf_counter() - t0)}] {what}", flush=True)  # noqa: E731
+    say(f"loading {config['gpt']} and {config['bert']}")
+    gpt, gpt_tok, _ = load_for_sampling(config["gpt"], device)
+    bert, bert_tok, _ = load_for_sampling(config["bert"], device)
+    if gpt.config.arch != "gpt" or bert.config.arch != "bert":
+        raise UserError(f"--gpt must be a GPT-2 and --bert a BERT (got {gpt.config.arch} and {bert.config.arch})")
+    rng = torch.Generator().manual_seed(config["seed"])
+    words = text.split()
+    frequent = sorted(set(w for w in words if w.isalpha() and w.islower()), key=words.count, reverse=True)
+    vocabulary = [w for w in frequent if len(gpt_tok.encode(" " + w)) == 1
+                  and bert_tok.hf.convert_tokens_to_ids(w) != bert_tok.hf.unk_token_id][:config["vocabulary_words"]]
+    results = {"gpt": config["gpt"], "bert": config["bert"], "device": device}
+    say(f"C4: normalisation over {len(vocabulary)} x {len(vocabulary)} two-word texts")
+    results["C4 sum over W x W"] = dict(zip(("gpt-2 chain rule", "bert pseudo-likelihood"),
+                                            two_token_normalisation(gpt, gpt_tok, bert, bert_tok, vocabulary)))
+    starts = torch.randint(0, max(1, len(text) - 400), (config["windows"],), generator=rng).tolist()
+    passages = [" ".join(text[s:s + 400].split()[1:-1]) for s in starts]
+    say("C4: bits per character")
+    results["C4 bits per character"] = dict(zip(("gpt-2 (likelihood)", "bert (pseudo-likelihood, not a likelihood)"),
+                                                bits_per_character(gpt, gpt_tok, bert, bert_tok, passages)))
+    say("D3: attention ranks")
+    T = config["window_tokens"]
+    gpt_windows = torch.tensor([gpt_tok.encode(p)[:T] for p in passages if len(gpt_tok.encode(p)) >= T], device=device)
+    bert_windows = torch.tensor([bert_tok.encode(p)[:T] for p in passages if len(bert_tok.encode(p)) >= T], device=device)
+    results["D3 effective rank per layer (of T)"] = {
+        "T": T, "gpt-2": [round(r["effective"], 1) for r in attention_ranks(gpt, gpt_windows)] if len(gpt_windows) else [],
+        "bert": [round(r["effective"], 1) for r in attention_ranks(bert, bert_windows)] if len(bert_windows) else []}
+    say("B1/D1: cloze")
+    results["B1/D1 cloze accuracy"] = cloze(gpt, gpt_tok, bert, bert_tok, text, config["cloze_blanks"], rng)
+    say("D4: decoding speed")
+    results["D4 decoding"] = decoding_speed(gpt, gpt_tok, text, config["decode_tokens"], device)
+    lines = [f"Published models: {config['gpt']} and {config['bert']} on {device}, "
+             f"{format_duration(time.perf_counter() - t0)}", ""]
+    for claim, value in results.items():
+        if isinstance(value, dict):
+            lines.append(f"- {claim}: " + ", ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}"
+                                                    for k, v in value.items()))
+    print("\n".join(lines))
+    os.makedirs(config["out_dir"], exist_ok=True)
+    base = os.path.join(config["out_dir"], "published-claims")
+    with open(base + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(base + ".json", "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"wrote {base}.md and .json")
+
+
+if __name__ == "__main__":
+    run_main(main)
