@@ -136,14 +136,14 @@ def restore_rng(state, data_rng, objective_rng):
 def check_resume(config, checkpoint, meta):
     """Resuming continues the same run: the model's shape, the objective and the vocabulary must match."""
     saved = checkpoint["config"]
-    keys = MODEL_KEYS
-    if saved.get("published_weights"):  # fine-tuning published weights: their shape came with them, not from flags
-        keys = ("arch", "block_size")
-        config.update({k: saved[k] for k in MODEL_KEYS}, published_weights=saved["published_weights"])
-    for key in keys + ("objective",):  # another objective would mix units in the best-checkpoint comparison
+    published = saved.get("published_weights")  # fine-tuned published weights: their shape came with them
+    for key in (("arch", "block_size") if published else MODEL_KEYS) + ("objective",):
+        # (another objective would mix units in the best-checkpoint comparison)
         if saved.get(key) != config[key]:
             raise UserError(f"cannot resume: --{key}={config[key]} but the checkpoint in {config['out_dir']} has "
                             f"{key}={saved.get(key)}; pass --{key}={saved.get(key)} (or a new --out_dir)")
+    if published:  # the shape no flag describes: this run's config says what it holds, as the first run's did
+        config.update({k: saved[k] for k in MODEL_KEYS}, published_weights=published)
     saved_meta = checkpoint["meta"]
     if any(saved_meta.get(k) != meta.get(k) for k in ("vocab_size", "tokenizer", "itos")):
         raise UserError(f"cannot resume: the vocabulary of dataset {config['dataset']} ({meta['vocab_size']} tokens) "

@@ -161,8 +161,10 @@ def check_training_config(config):
         for key, value in PRESETS[config["preset"]].items():
             if key in MODEL_KEYS and key != "arch":
                 config[key] = value
-    if not config["init_from"]:
-        raise UserError("--init_from is empty: scratch, resume, or published weights (gpt2, a save_pretrained folder)")
+    close = difflib.get_close_matches(config["init_from"], ["scratch", "resume"], n=1, cutoff=0.6)
+    if not config["init_from"] or (close and close[0] != config["init_from"]):
+        raise UserError(f"--init_from={config['init_from']}: did you mean {close[0] if close else 'scratch'}? "
+                        f"(scratch, resume, or published weights: gpt2, a save_pretrained folder)")
     config["out_dir"] = config["out_dir"] or f"out-{config['arch']}"
     for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
         if config[key] < 1:

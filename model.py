@@ -30,6 +30,15 @@ NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = {"gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu, "relu": F.relu}
 
 
+class Activation(nn.Module):
+    def __init__(self, name):
+        super().__init__()
+        self.name, self.function = name, ACTIVATIONS[name]
+
+    def forward(self, x):
+        return self.function(x)
+
+
 def make_norm(config):
     """LayerNorm (GPT-2, BERT, ours) or RMSNorm (T5: no mean subtraction, no bias)."""
     if config.norm == "rmsnorm":
@@ -148,7 +157,8 @@ class Attention(nn.Module):
                 # keeps them and the new queries attend to [cached ; new]
                 k, v = cache.update(k, v)  # (B, nh, start+T, hs)
         if position_bias is not None:  # (1, nh, T, Tk), T5's relative positions
-            attn_mask, is_causal = add_position_bias(attn_mask, is_causal, position_bias, T, k.size(2), x.device), False
+            attn_mask = add_position_bias(attn_mask, is_causal, position_bias, T, k.size(2), x.device)
+            is_causal = False  # the causal mask is inside attn_mask now
         if self.record_probabilities:
             self.probabilities = explicit_attention_probabilities(q, k, attn_mask, is_causal, self.scale).detach()
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=self.scale,
@@ -164,7 +174,7 @@ class MLP(nn.Module):
         self.proj = nn.Linear(config.d_ff, config.n_embd, bias=config.bias)
         self.proj.residual_output = True
         self.dropout = nn.Dropout(config.dropout)
-        self.activation = ACTIVATIONS[config.activation]
+        self.activation = Activation(config.activation)
 
     def forward(self, x):
         return self.dropout(self.proj(self.activation(self.fc(x))))
@@ -302,8 +312,7 @@ class Transformer(nn.Module):
             self.decoder_norm = make_norm(config)
         if config.mlm_head:  # BERT: hidden -> dense -> GELU -> norm, then the tied embedding plus a bias
             self.head_transform = nn.Sequential(nn.Linear(config.n_embd, config.n_embd),
-                                                nn.GELU(approximate="tanh" if config.activation == "gelu_tanh"
-                                                        else "none"), make_norm(config))
+                                                Activation(config.activation), make_norm(config))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=config.mlm_head)
         self.lm_head.weight = self.token_embedding.weight  # tied input/output embeddings
         self.apply(self._init_weights)
@@ -352,11 +361,13 @@ class Transformer(nn.Module):
             x = x + self.segment_embedding.weight[0]  # every token in segment 0: one text, no sentence pairs
         return self.dropout(self.embedding_norm(x))
 
-    def position_bias(self, table, query_length, key_length, start):
-        """T5's relative position bias (1, nh, Tq, Tk) from one stack's table, or None for other positions."""
+    def position_bias(self, stack, query_length, key_length, start):
+        """T5's relative position bias (1, nh, Tq, Tk) for "encoder" (or the single stack) or "decoder"; None
+        for the other kinds of position."""
         if self.config.position != "relative":
             return None
-        return getattr(self, table)(query_length, key_length, start, self.token_embedding.weight.device)
+        table = self.decoder_relative_bias if stack == "decoder" else self.relative_bias
+        return table(query_length, key_length, start, self.token_embedding.weight.device)
 
     def run_stack(self, ids, prefix_length=None, key_lengths=None, cache=None):
         """gpt / bert / prefixlm: one stack, the mask picked by the arch. Returns the final hidden states."""
@@ -366,7 +377,7 @@ class Transformer(nn.Module):
         attn_mask, is_causal = masks.attention_mask(ATTENTION_KIND[self.config.arch], T, start + T,
                                                     prefix_length=prefix_length, key_lengths=key_lengths,
                                                     device=ids.device)
-        position_bias = self.position_bias("relative_bias", T, start + T, start)
+        position_bias = self.position_bias("encoder", T, start + T, start)
         for i, block in enumerate(self.blocks):
             x = block(x, attn_mask=attn_mask, is_causal=is_causal, rotary=self.rotary, start=start,
                       cache=cache.layer(i) if cache is not None else None, position_bias=position_bias)
@@ -378,7 +389,7 @@ class Transformer(nn.Module):
         """t5's encoder: the same blocks, bidirectional (padding hidden when examples have different lengths)."""
         x = self.embed(ids)
         attn_mask, _ = masks.attention_mask("bidirectional", ids.size(1), key_lengths=key_lengths, device=ids.device)
-        position_bias = self.position_bias("relative_bias", ids.size(1), ids.size(1), 0)
+        position_bias = self.position_bias("encoder", ids.size(1), ids.size(1), 0)
         for block in self.blocks:
             x = block(x, attn_mask=attn_mask, rotary=self.rotary, position_bias=position_bias)
         return self.final_norm(x)  # (B, T_enc, C), "memory"
@@ -396,7 +407,7 @@ class Transformer(nn.Module):
                                                  device=ids.device)
         elif cache is not None:
             cross_mask = cache.cross_mask
-        position_bias = self.position_bias("decoder_relative_bias", T, start + T, start)
+        position_bias = self.position_bias("decoder", T, start + T, start)
         for i, block in enumerate(self.decoder_blocks):
             x = block(x, attn_mask=attn_mask, is_causal=is_causal, rotary=self.rotary, start=start,
                       cache=cache.layer(i) if cache is not None else None,

@@ -20,20 +20,22 @@ from configurator import UserError
 from model import Attention, ModelConfig, Transformer
 from objectives import Specials
 
+# Every table: our module <- their module (its weight and, where it has one, bias), "{i}" the layer. Two marks:
+#   a tuple       their k and v, stacked into our one key_value projection
+#   "conv1d:..."  GPT-2's Conv1D, weight stored (in, out), transposed against nn.Linear; ":q" / ":kv" take the
+#                 rows of c_attn (which holds q, k, v side by side)
+
 # ----------------------------------------------------------------------------- GPT-2
-# Conv1D layers store their weight as (in, out): transposed against nn.Linear. c_attn holds q, k, v side by side.
 
 GPT2_LAYER = {
-    "norm_1.weight": "transformer.h.{i}.ln_1.weight", "norm_1.bias": "transformer.h.{i}.ln_1.bias",
-    "attention.query": "transformer.h.{i}.attn.c_attn:q", "attention.key_value": "transformer.h.{i}.attn.c_attn:kv",
-    "attention.proj": "transformer.h.{i}.attn.c_proj",
-    "norm_2.weight": "transformer.h.{i}.ln_2.weight", "norm_2.bias": "transformer.h.{i}.ln_2.bias",
-    "mlp.fc": "transformer.h.{i}.mlp.c_fc", "mlp.proj": "transformer.h.{i}.mlp.c_proj",
+    "norm_1": "transformer.h.{i}.ln_1",
+    "attention.query": "conv1d:transformer.h.{i}.attn.c_attn:q",
+    "attention.key_value": "conv1d:transformer.h.{i}.attn.c_attn:kv",
+    "attention.proj": "conv1d:transformer.h.{i}.attn.c_proj",
+    "norm_2": "transformer.h.{i}.ln_2",
+    "mlp.fc": "conv1d:transformer.h.{i}.mlp.c_fc", "mlp.proj": "conv1d:transformer.h.{i}.mlp.c_proj",
 }
-GPT2_MODEL = {
-    "token_embedding.weight": "transformer.wte.weight", "position_embedding.weight": "transformer.wpe.weight",
-    "final_norm.weight": "transformer.ln_f.weight", "final_norm.bias": "transformer.ln_f.bias",
-}
+GPT2_MODEL = {"token_embedding": "transformer.wte", "position_embedding": "transformer.wpe", "final_norm": "transformer.ln_f"}
 
 
 def gpt2_config(hf):
@@ -44,11 +46,11 @@ def gpt2_config(hf):
                        norm_eps=hf.layer_norm_epsilon)
 
 
-def gpt2_linear(theirs, name, part, n_embd):
-    """A Conv1D (weight (in, out)) as our Linear's (weight (out, in), bias), optionally a slice of c_attn."""
-    weight, bias = theirs[name + ".weight"].t(), theirs[name + ".bias"]
-    rows = {"q": slice(0, n_embd), "kv": slice(n_embd, 3 * n_embd), None: slice(None)}[part]
-    return weight[rows], bias[rows]
+def conv1d_as_linear(theirs, name, n_embd):
+    """GPT-2's Conv1D "conv1d:<module>[:q|:kv]" as our Linear's weight (out, in) and bias."""
+    module, _, part = name.removeprefix("conv1d:").partition(":")
+    rows = {"q": slice(0, n_embd), "kv": slice(n_embd, 3 * n_embd), "": slice(None)}[part]
+    return {"weight": theirs[module + ".weight"].t()[rows], "bias": theirs[module + ".bias"][rows]}
 
 
 # ----------------------------------------------------------------------------- BERT
@@ -63,9 +65,9 @@ BERT_LAYER = {
     "norm_2": "bert.encoder.layer.{i}.output.LayerNorm",
 }
 BERT_MODEL = {
-    "token_embedding.weight": "bert.embeddings.word_embeddings.weight",
-    "position_embedding.weight": "bert.embeddings.position_embeddings.weight",
-    "segment_embedding.weight": "bert.embeddings.token_type_embeddings.weight",
+    "token_embedding": "bert.embeddings.word_embeddings",
+    "position_embedding": "bert.embeddings.position_embeddings",
+    "segment_embedding": "bert.embeddings.token_type_embeddings",
     "embedding_norm": "bert.embeddings.LayerNorm",
     "head_transform.0": "cls.predictions.transform.dense", "head_transform.2": "cls.predictions.transform.LayerNorm",
     "lm_head.bias": "cls.predictions.bias",
@@ -88,31 +90,31 @@ def bert_config(hf):
 # No biases anywhere; RMSNorm weights only; one relative-position table per stack, held by its first block.
 
 T5_ENCODER_LAYER = {
-    "norm_1.weight": "encoder.block.{i}.layer.0.layer_norm.weight",
+    "norm_1": "encoder.block.{i}.layer.0.layer_norm",
     "attention.query": "encoder.block.{i}.layer.0.SelfAttention.q",
     "attention.key_value": ("encoder.block.{i}.layer.0.SelfAttention.k", "encoder.block.{i}.layer.0.SelfAttention.v"),
     "attention.proj": "encoder.block.{i}.layer.0.SelfAttention.o",
-    "norm_2.weight": "encoder.block.{i}.layer.1.layer_norm.weight",
+    "norm_2": "encoder.block.{i}.layer.1.layer_norm",
     "mlp.fc": "encoder.block.{i}.layer.1.DenseReluDense.wi", "mlp.proj": "encoder.block.{i}.layer.1.DenseReluDense.wo",
 }
 T5_DECODER_LAYER = {
-    "norm_1.weight": "decoder.block.{i}.layer.0.layer_norm.weight",
+    "norm_1": "decoder.block.{i}.layer.0.layer_norm",
     "attention.query": "decoder.block.{i}.layer.0.SelfAttention.q",
     "attention.key_value": ("decoder.block.{i}.layer.0.SelfAttention.k", "decoder.block.{i}.layer.0.SelfAttention.v"),
     "attention.proj": "decoder.block.{i}.layer.0.SelfAttention.o",
-    "norm_cross.weight": "decoder.block.{i}.layer.1.layer_norm.weight",
+    "norm_cross": "decoder.block.{i}.layer.1.layer_norm",
     "cross_attention.query": "decoder.block.{i}.layer.1.EncDecAttention.q",
     "cross_attention.key_value": ("decoder.block.{i}.layer.1.EncDecAttention.k",
                                   "decoder.block.{i}.layer.1.EncDecAttention.v"),
     "cross_attention.proj": "decoder.block.{i}.layer.1.EncDecAttention.o",
-    "norm_2.weight": "decoder.block.{i}.layer.2.layer_norm.weight",
+    "norm_2": "decoder.block.{i}.layer.2.layer_norm",
     "mlp.fc": "decoder.block.{i}.layer.2.DenseReluDense.wi", "mlp.proj": "decoder.block.{i}.layer.2.DenseReluDense.wo",
 }
 T5_MODEL = {
-    "token_embedding.weight": "shared.weight",
-    "relative_bias.bias.weight": "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-    "decoder_relative_bias.bias.weight": "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
-    "final_norm.weight": "encoder.final_layer_norm.weight", "decoder_norm.weight": "decoder.final_layer_norm.weight",
+    "token_embedding": "shared",
+    "relative_bias.bias": "encoder.block.0.layer.0.SelfAttention.relative_attention_bias",
+    "decoder_relative_bias.bias": "decoder.block.0.layer.0.SelfAttention.relative_attention_bias",
+    "final_norm": "encoder.final_layer_norm", "decoder_norm": "decoder.final_layer_norm",
 }
 
 
@@ -143,14 +145,9 @@ def their_tensors(theirs, name, n_embd):
     if isinstance(name, tuple):  # k and v stacked into our key_value
         parts = [their_tensors(theirs, n, n_embd) for n in name]
         return {kind: torch.cat([p[kind] for p in parts]) for kind in parts[0]}
-    if ":" in name:  # GPT-2's Conv1D
-        base, part = name.split(":")
-        weight, bias = gpt2_linear(theirs, base, part, n_embd)
-        return {"weight": weight, "bias": bias}
-    if name.startswith("transformer.h.") and name.endswith(("c_proj", "c_fc")):
-        weight, bias = gpt2_linear(theirs, name, None, n_embd)
-        return {"weight": weight, "bias": bias}
-    if name in theirs:
+    if name.startswith("conv1d:"):
+        return conv1d_as_linear(theirs, name, n_embd)
+    if name in theirs:  # a single parameter (BERT's output bias)
         return {"": theirs[name]}
     return {kind: theirs[f"{name}.{kind}"] for kind in ("weight", "bias") if f"{name}.{kind}" in theirs}
 
@@ -187,13 +184,33 @@ def load_weights_into(model, state_dict, source):
 
 def hub_reachable(seconds=5.0):
     """One quick connection attempt, instead of the hub client's minute of retries with a message each."""
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", ""):
-        return False
+    host = os.environ.get("HF_ENDPOINT", "https://huggingface.co").split("://")[-1].split("/")[0]
     try:
-        socket.create_connection(("huggingface.co", 443), timeout=seconds).close()
+        socket.create_connection((host.split(":")[0], 443), timeout=seconds).close()
         return True
     except OSError:
         return False
+
+
+def where_from(name_or_folder):
+    """"folder", "cache" (downloaded before: no network needed) or "hub"; one line when it can be none of them."""
+    if os.path.isdir(name_or_folder):
+        return "folder"
+    if name_or_folder.startswith((".", "/", "~")) or os.path.exists(name_or_folder):
+        raise UserError(f"{name_or_folder} is not a folder: pass a folder written by save_pretrained, or a hub "
+                        f"name such as gpt2, bert-base-uncased, t5-small")
+    from huggingface_hub import try_to_load_from_cache
+    try:
+        cached = isinstance(try_to_load_from_cache(name_or_folder, "config.json"), str)
+    except ValueError:  # not even a valid hub name
+        cached = False
+    if cached:
+        return "cache"
+    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "")
+    if offline or not hub_reachable():
+        raise UserError(f"could not load {name_or_folder!r}: it is not a folder, and the Hugging Face hub cannot "
+                        f"be reached to download it (no network?): pass a folder written by save_pretrained")
+    return "hub"
 
 
 def read_hugging_face(name_or_folder):
@@ -205,37 +222,31 @@ def read_hugging_face(name_or_folder):
                         "pip install transformers") from None
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    local = os.path.isdir(name_or_folder)
-    if not local and (name_or_folder.startswith((".", "/", "~")) or os.path.exists(name_or_folder)):
-        raise UserError(f"{name_or_folder} is not a folder: pass a folder written by save_pretrained, or a hub "
-                        f"name such as gpt2, bert-base-uncased, t5-small")
-    if not local and not hub_reachable():
-        from huggingface_hub import try_to_load_from_cache
-        try:
-            cached = try_to_load_from_cache(name_or_folder, "config.json")
-        except ValueError:  # not even a valid hub name
-            cached = None
-        if not isinstance(cached, str):
-            raise UserError(f"could not load {name_or_folder!r}: it is not a folder, and the Hugging Face hub cannot "
-                            f"be reached to download it (no network?): pass a folder written by save_pretrained")
-        os.environ["HF_HUB_OFFLINE"] = "1"  # downloaded before: read the local cache without retrying the network
+    name_or_folder = os.path.expanduser(name_or_folder)
+    source = where_from(name_or_folder)
+    local = dict(local_files_only=source != "hub")
     try:
-        hf_config = transformers.AutoConfig.from_pretrained(name_or_folder)
+        hf_config = transformers.AutoConfig.from_pretrained(name_or_folder, **local)
         if hf_config.model_type not in FAMILIES:
             raise UserError(f"{name_or_folder} is a {hf_config.model_type!r} model: only GPT-2, BERT and T5 load")
         model_class = {"gpt2": transformers.GPT2LMHeadModel, "bert": transformers.BertForMaskedLM,
                        "t5": transformers.T5ForConditionalGeneration}[hf_config.model_type]
-        hf_model = model_class.from_pretrained(name_or_folder, torch_dtype=torch.float32)
+        hf_model, info = model_class.from_pretrained(name_or_folder, dtype=torch.float32, output_loading_info=True,
+                                                     **local)
     except (OSError, ValueError) as e:
-        where = ("the folder" if local else "the Hugging Face hub (is there a network? a name like gpt2, "
-                 "bert-base-uncased, t5-small; or a folder written by save_pretrained)")
+        where = "the folder" if source == "folder" else f"the Hugging Face {source}"
         raise UserError(f"could not load {name_or_folder!r} from {where}: {str(e).splitlines()[0][:200]}") from None
+    missing = sorted(info["missing_keys"])
+    if missing:  # e.g. a BertModel without the masked-LM head: transformers would fill it randomly
+        raise UserError(f"{name_or_folder} lacks {len(missing)} weights of a "
+                        f"{model_class.__name__} (e.g. {missing[0]}): it was saved from another head "
+                        f"(GPT-2 with its LM head, BERT with its masked-LM head, the whole T5 are needed)")
     tokenizer = None  # GPT-2's BPE comes from tiktoken, as everywhere in the project
     files = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spiece.model")
-    has_tokenizer = not local or any(os.path.exists(os.path.join(name_or_folder, f)) for f in files)
+    has_tokenizer = source != "folder" or any(os.path.exists(os.path.join(name_or_folder, f)) for f in files)
     if hf_config.model_type != "gpt2" and has_tokenizer:  # else: weights only (the tests' tiny models)
         try:
-            tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_folder)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_folder, **local)
         except (OSError, ValueError, TypeError):
             pass
     return hf_config, hf_model.state_dict(), tokenizer
@@ -293,14 +304,15 @@ class PublishedTokenizer:
 
     def specials(self, vocab_size):
         """Specials for the samplers: the mask id (BERT), pad as t5's decoder start, the ids never to sample."""
-        if self.family == "gpt2":
+        if self.family == "gpt2":  # only <|endoftext|> is special, and never sampled
             end = self.encoding.eot_token
-            return Specials(end, end, end, end, [], {}, never_sampled=[end])
+            return Specials(num_ordinary=end, pad=end, eos=end, mask=end, sentinels=[], modes={}, never_sampled=[end])
         hf = self.hf
         never = [hf.pad_token_id] if self.family == "t5" else list(hf.all_special_ids)  # t5 may write sentinels
-        return Specials(vocab_size, hf.pad_token_id, hf.eos_token_id or hf.sep_token_id,
-                        hf.mask_token_id if hf.mask_token_id is not None else hf.unk_token_id, [], {},
-                        never_sampled=[i for i in never if i is not None and i < vocab_size])
+        return Specials(num_ordinary=vocab_size, pad=hf.pad_token_id,
+                        eos=hf.eos_token_id if hf.eos_token_id is not None else hf.sep_token_id,
+                        mask=hf.mask_token_id if hf.mask_token_id is not None else hf.unk_token_id,
+                        sentinels=[], modes={}, never_sampled=[i for i in never if i is not None and i < vocab_size])
 
 
 def load_for_sampling(name_or_folder, device):
@@ -317,16 +329,18 @@ def load_for_training(config, meta):
     what it holds, and --init_from=resume rebuilds it). BERT and T5 read their own WordPiece/SentencePiece
     tokens, which data/ does not prepare: refused with the reason."""
     name = config["init_from"]
-    model, _ = load_pretrained(name)
-    c = model.config
-    if c.arch != "gpt":
-        raise UserError(f"train.py fine-tunes published GPT-2 weights only: {name} is a {c.arch}, and its tokenizer is "
-                        f"not one data/ prepares datasets with (sample.py --init_from={name} runs it as published)")
-    if config["arch"] != "gpt":
-        raise UserError(f"--init_from={name} is a gpt: pass --arch=gpt (not {config['arch']})")
+    if config["arch"] != "gpt":  # the cheap checks first: no download for a run that cannot go
+        raise UserError(f"train.py fine-tunes published GPT-2 weights only (--arch=gpt): BERT and T5 read their own "
+                        f"tokens, which data/ does not prepare (sample.py --init_from={name} runs them as published)")
     if meta.get("tokenizer") != "gpt2":
         raise UserError(f"--init_from={name} reads GPT-2 BPE tokens but dataset {config['dataset']} is "
                         f"{meta.get('tokenizer')}-level: use --dataset=shakespeare (prepared with tiktoken's gpt2)")
+    model, _ = load_pretrained(name)
+    c = model.config
+    if c.arch != "gpt":
+        raise UserError(f"train.py fine-tunes published GPT-2 weights only: {name} is a {c.arch}")
+    if meta["num_ordinary"] > c.vocab_size:
+        raise UserError(f"dataset {config['dataset']} has {meta['num_ordinary']} text tokens, {name} knows {c.vocab_size}")
     if config["block_size"] > c.block_size:
         raise UserError(f"--block_size={config['block_size']} is longer than {name}'s {c.block_size} positions")
     c.dropout = config["dropout"]  # published GPT-2 trained with 0.1; the flag decides for fine-tuning

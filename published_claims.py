@@ -144,9 +144,9 @@ def main():
     text = read_text(config["text"])
     t0 = time.perf_counter()
     say = lambda what: print(f"[{format_duration(time.perf_counter() - t0)}] {what}", flush=True)  # noqa: E731
-    say(f"loading {config['gpt']} and {config['bert']}")
-    gpt, gpt_tok, _ = load_for_sampling(config["gpt"], device)
+    gpt, gpt_tok, _ = load_for_sampling(config["gpt"], device)  # (an error here is one line, nothing printed before)
     bert, bert_tok, _ = load_for_sampling(config["bert"], device)
+    say(f"loaded {config['gpt']} and {config['bert']}")
     if gpt.config.arch != "gpt" or bert.config.arch != "bert":
         raise UserError(f"--gpt must be a GPT-2 and --bert a BERT (got {gpt.config.arch} and {bert.config.arch})")
     rng = torch.Generator().manual_seed(config["seed"])

@@ -24,11 +24,11 @@ import numpy as np
 import torch
 
 import objectives
-from checkpoint import (CheckpointWriteFailed, OutDirLock, RunLog, check_resume, load_checkpoint, load_weights,
-                        remove_quietly, restore_rng, rng_state, save_checkpoint)
+from checkpoint import (CheckpointWriteFailed, OutDirLock, RunLog, check_resume, load_checkpoint,
+                        model_from_checkpoint, remove_quietly, restore_rng, rng_state, save_checkpoint)
 from configurator import UserError, apply_overrides, check_training_config, model_config, run_main
 from dataset import get_windows, load_dataset
-from model import ModelConfig, Transformer, describe
+from model import Transformer, describe
 from parallel import Processes
 from progress import Progress, StopSignals, format_duration
 from timing import matmul_flops_per_second
@@ -263,7 +263,8 @@ def train(config):
     # the same initial weights on every process; windows, objective noise and dropout differ between processes
     torch.manual_seed(config["seed"])
     if checkpoint is not None:  # the saved shape, which for fine-tuned published weights no flag describes
-        raw_model = Transformer(ModelConfig(**{**checkpoint["model_config"], "dropout": config["dropout"]}))
+        checkpoint["model_config"]["dropout"] = config["dropout"]
+        raw_model = model_from_checkpoint(checkpoint, checkpoint_path)  # with its weights
     elif config["init_from"] != "scratch":  # published weights, fine-tuned (pretrained.py; GPT-2 only here)
         from pretrained import load_for_training
         raw_model = load_for_training(config, meta)
@@ -277,8 +278,7 @@ def train(config):
     optimizer = raw_model.configure_optimizer(config["weight_decay"], config["learning_rate"],
                                               (config["beta1"], config["beta2"]), device.split(":")[0])
     iter_num, best_val_loss, flops_done = 0, float("inf"), 0.0
-    if checkpoint is not None:  # exact resume: weights, optimizer moments, counters and every RNG
-        load_weights(raw_model, checkpoint, checkpoint_path)
+    if checkpoint is not None:  # exact resume: weights (loaded above), optimizer moments, counters and every RNG
         try:
             optimizer.load_state_dict(checkpoint["optimizer"])
         except (ValueError, KeyError, TypeError) as e:

@@ -113,13 +113,55 @@ def test_full_size_parameter_counts_are_the_published_ones(name):
 
 
 def test_defaults_unchanged_by_the_pretrained_options():
-    """Our own gpt/bert/t5 keep their layout: pre-norm LayerNorm, tanh GELU, scaled scores, no extra modules."""
+    """Our own gpt/bert/prefixlm/t5 keep their layout: pre-norm LayerNorm (eps 1e-5), tanh GELU, scores scaled by
+    1/sqrt(head size), no extra modules, and one block computes exactly what that layout says."""
+    from model import Block, ModelConfig
     for arch in ("gpt", "bert", "prefixlm", "t5"):
-        names = set(dict(Transformer(pretrained.ModelConfig(arch=arch, vocab_size=50, block_size=16, n_layer=2,
-                                                            n_head=2, n_embd=16)).named_parameters()))
-        assert not any(n.startswith(("segment_embedding", "embedding_norm", "head_transform", "relative_bias"))
+        model = Transformer(ModelConfig(arch=arch, vocab_size=50, block_size=16, n_layer=2, n_head=2, n_embd=16))
+        names = set(dict(model.named_parameters()))
+        assert not any(n.startswith(("segment_embedding", "head_transform", "relative_bias", "decoder_relative_bias"))
                        for n in names)
-        assert "lm_head.bias" not in names
+        assert "lm_head.bias" not in names and isinstance(model.embedding_norm, torch.nn.Identity)
+        norms = [m for m in model.modules() if isinstance(m, (torch.nn.LayerNorm, torch.nn.RMSNorm))]
+        assert norms and all(isinstance(m, torch.nn.LayerNorm) and m.eps == 1e-5 for m in norms)
+    torch.manual_seed(0)
+    block, inputs = Block(ModelConfig(n_embd=16, n_head=2, block_size=8)).eval(), torch.randn(2, 8, 16)
+    a, m = block.attention, block.mlp
+    h = block.norm_1(inputs)
+    q, k, v = a.query(h), *a.key_value(h).split(16, dim=-1)
+    heads = lambda t: t.view(2, 8, 2, 8).transpose(1, 2)  # noqa: E731  (B, nh, T, hs)
+    weights = torch.softmax(heads(q) @ heads(k).transpose(-1, -2) / 8 ** 0.5, dim=-1)  # no mask given
+    x = inputs + a.proj((weights @ heads(v)).transpose(1, 2).reshape(2, 8, 16))
+    h = m.fc(block.norm_2(x))
+    gelu_tanh = 0.5 * h * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (h + 0.044715 * h ** 3)))
+    with torch.no_grad():
+        assert torch.allclose(block(inputs), x + m.proj(gelu_tanh), atol=1e-5)
+
+
+def test_t5_padded_batch_equals_transformers(tmp_path):
+    """Encoder inputs of different lengths: our key_lengths padding (folded into T5's position bias) against
+    transformers' attention_mask, on every real position."""
+    torch.manual_seed(0)
+    theirs = tiny_t5().eval()
+    ours, _ = pretrained.load_pretrained(saved(theirs, tmp_path, "t5"))
+    lengths = torch.tensor([40, 25, 33])
+    ids = torch.randint(2, VOCAB, (3, 40), generator=torch.Generator().manual_seed(4))
+    ids[torch.arange(40)[None, :] >= lengths[:, None]] = 0
+    decoder_ids = torch.randint(0, VOCAB, (3, 12), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        attention_mask = (torch.arange(40)[None, :] < lengths[:, None]).long()
+        expected = theirs(input_ids=ids, attention_mask=attention_mask, decoder_input_ids=decoder_ids).logits
+        got = ours(ids, decoder_inputs=decoder_ids, input_lengths=lengths)[0]
+    assert (expected - got).abs().max().item() <= 1e-4
+
+
+def test_a_checkpoint_saved_without_its_head_is_refused(tmp_path):
+    """A BertModel folder (no masked-LM head): transformers would invent a random head; we refuse, one line."""
+    folder = tmp_path / "bert-no-head"
+    transformers.BertModel(transformers.BertConfig(num_hidden_layers=1, num_attention_heads=2, hidden_size=16,
+                                                   intermediate_size=32, vocab_size=VOCAB)).save_pretrained(folder)
+    with pytest.raises(pretrained.UserError, match="lacks .* weights of a BertForMaskedLM"):
+        pretrained.load_pretrained(str(folder))
 
 
 @pytest.mark.parametrize("name, message", [
@@ -245,7 +287,8 @@ def test_published_claims_command_on_local_folders(tmp_path, char_dataset):
     assert result.returncode == 0, result.stderr[-2000:]
     data = json.loads((tmp_path / "published-claims.json").read_text())
     sums = data["C4 sum over W x W"]
-    # (a random net barely couples the two tokens, so BERT is near 1; still 1000x float error away from it)
+    # GPT-2's 1 holds by construction (the chain rule): it checks the code, not the claim. BERT's sum is the
+    # measurement (a random net barely couples the two tokens, so near 1; still 1000x float error away from it)
     assert abs(sums["gpt-2 chain rule"] - 1) < 1e-6 and abs(sums["bert pseudo-likelihood"] - 1) > 1e-4
     assert len(data["D3 effective rank per layer (of T)"]["bert"]) == 1
     assert data["B1/D1 cloze accuracy"]["blanks"] == 20
