@@ -39,6 +39,15 @@ def tiny_t5(decoder_layers=3):
         decoder_start_token_id=0, pad_token_id=0, eos_token_id=1))
 
 
+def needs_gpt2_bpe():
+    """GPT-2 folders sample and train with tiktoken's BPE: skip where its files are missing offline."""
+    tiktoken = pytest.importorskip("tiktoken")
+    try:
+        tiktoken.get_encoding("gpt2")
+    except Exception:
+        pytest.skip("tiktoken's gpt2 files are not available offline (CI sets TIKTOKEN_CACHE_DIR)")
+
+
 def saved(hf_model, tmp_path, name):
     torch.manual_seed(0)
     folder = tmp_path / name
@@ -185,11 +194,7 @@ def test_a_folder_that_is_not_a_checkpoint_is_one_line(tmp_path):
 
 def test_sample_from_a_published_gpt2_folder(tmp_path):
     """sample.py --init_from=<folder>: GPT-2 with its BPE (tiktoken) decodes left to right with the cache."""
-    tiktoken = pytest.importorskip("tiktoken")
-    try:
-        tiktoken.get_encoding("gpt2")
-    except Exception:
-        pytest.skip("tiktoken's gpt2 files are not available offline (CI sets TIKTOKEN_CACHE_DIR)")
+    needs_gpt2_bpe()
     torch.manual_seed(0)
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=64))
     gpt2_folder = saved(gpt2, tmp_path, "gpt2-bpe")  # the full 50257-token vocabulary: tiktoken's ids
@@ -202,7 +207,6 @@ def test_sample_from_a_published_gpt2_folder(tmp_path):
 def test_sample_from_a_published_bert_folder(tmp_path):
     """BERT with the WordPiece tokenizer saved beside it fills [MASK]s; the text has no special token."""
     torch.manual_seed(0)
-
     words = "[PAD] [UNK] [CLS] [SEP] [MASK] the king and queen of england speak to their people".split()
     tokenizer = transformers.BertTokenizer(vocab={w: i for i, w in enumerate(words)})
     bert = transformers.BertForMaskedLM(transformers.BertConfig(
@@ -221,11 +225,7 @@ def test_sample_from_a_published_bert_folder(tmp_path):
 def test_fine_tune_published_gpt2_and_resume(tmp_path, char_dataset):
     """train.py --init_from=<GPT-2 folder> starts from the published weights and saves a checkpoint that
     --init_from=resume continues; a char-level dataset is refused with one line."""
-    tiktoken = pytest.importorskip("tiktoken")
-    try:
-        tiktoken.get_encoding("gpt2")
-    except Exception:
-        pytest.skip("tiktoken's gpt2 files are not available offline (CI sets TIKTOKEN_CACHE_DIR)")
+    needs_gpt2_bpe()
     torch.manual_seed(0)
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, n_positions=64))
     folder = saved(gpt2, tmp_path, "gpt2-bpe")
@@ -261,11 +261,7 @@ def test_fine_tune_published_gpt2_and_resume(tmp_path, char_dataset):
 def test_published_claims_command_on_local_folders(tmp_path, char_dataset):
     """published_claims.py end to end on tiny GPT-2 / BERT folders (the real run needs the hub): GPT-2's
     renormalised chain rule sums to 1 over W x W, BERT's pseudo-likelihood (non-uniform weights) does not."""
-    tiktoken = pytest.importorskip("tiktoken")
-    try:
-        tiktoken.get_encoding("gpt2")
-    except Exception:
-        pytest.skip("tiktoken's gpt2 files are not available offline (CI sets TIKTOKEN_CACHE_DIR)")
+    needs_gpt2_bpe()
     import collections
     import json
     text = open(char_dataset + "/source.txt", encoding="utf-8").read()
