@@ -51,7 +51,8 @@ TRAIN_CASES = [
     (["--device=cuda"], ["CUDA is not available"]),
     (["--dataset=nowhere"], ["unknown --dataset=nowhere"]),
     (["config/no_such_file.py"], ["not found"]),
-    (["--init_from=gpt9"], ["scratch or resume"]),
+    (["--init_from=gpt9"], ["reads GPT-2 BPE tokens", "--dataset=shakespeare"]),  # a published name: checked first
+    (["--init_from=resum"], ["did you mean resume?"]),
     (["--max_iters"], ["needs a value"]),
     (["--weight_decay=-1"], ["weight_decay"]),
     (["--beta2=1.0"], ["beta2"]),
