@@ -317,6 +317,13 @@ class Transformer(nn.Module):
         self.lm_head.weight = self.token_embedding.weight  # tied input/output embeddings
         self.apply(self._init_weights)
 
+    @classmethod
+    def from_pretrained(cls, name_or_folder, device="cpu"):
+        """Published GPT-2 / BERT / T5 weights, from the hub or a save_pretrained folder, in these same modules
+        (the name tables and the loading live in pretrained.py; transformers is needed only there)."""
+        from pretrained import load_pretrained
+        return load_pretrained(name_or_folder, device)[0]
+
     def _init_weights(self, module):
         if isinstance(module, nn.Linear):
             std = 0.02
