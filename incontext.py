@@ -3,6 +3,7 @@ In-context learning in miniature (claims C5 and X3): can a model learn a mapping
 demonstrations in its input, and does that need a left-to-right decoder?
 
     python incontext.py                 # CPU: gpt, bert, prefixlm, t5 x 3 seeds at equal FLOPs (19 min, 2 cores)
+    python incontext.py --scale=cpu-long  # the same models 7.5x longer, one seed (~52 min)
     python incontext.py --scale=gpu     # one GPU, larger models and budget (not run in this repository yet)
     python incontext.py --quick         # a smoke run in seconds (the test suite runs it)
 
@@ -47,6 +48,9 @@ SCALES = {  # model size and the FLOPs budget (as gpt iterations), the training 
                 train_chars=600_000, eval_episodes=200, seeds=3),
     "gpu": dict(n_layer=6, n_head=6, n_embd=384, block_size=64, batch_size=64, gpt_iters=20000, eval_iters=50,
                 train_chars=5_000_000, eval_episodes=1000, seeds=3),
+    # the cpu models trained 7.5x longer, one seed: ~13 min per model, ~52 min for the four (README)
+    "cpu-long": dict(n_layer=2, n_head=4, n_embd=64, block_size=64, batch_size=32, gpt_iters=15000, eval_iters=10,
+                     train_chars=600_000, eval_episodes=200, seeds=1),
     "quick": dict(n_layer=1, n_head=2, n_embd=32, block_size=64, batch_size=4, gpt_iters=10, eval_iters=2,
                   train_chars=20_000, eval_episodes=16, seeds=2),
 }

@@ -316,7 +316,7 @@ def resolve_experiment(defaults, scales):
     config = apply_overrides(defaults, sys.argv[1:])
     scale = "quick" if config["quick"] else config["scale"]
     if scale not in scales:
-        raise UserError(f"unknown --scale={scale}: cpu or gpu (or --quick)")
+        raise UserError(f"unknown --scale={scale}: {', '.join(k for k in scales if k != 'quick')} (or --quick)")
     check_seed(config["seed"])
     return config, scale, pick_device(config["device"])
 
