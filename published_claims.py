@@ -32,7 +32,7 @@ import torch
 import kvcache
 from configurator import UserError, apply_overrides, pick_device, run_main
 from pretrained import load_for_sampling
-from progress import format_duration
+from progress import Progress, StopSignals, format_duration
 from study import attention_ranks
 from timing import copy_bandwidth, median_time
 
@@ -80,7 +80,9 @@ def bits_per_character(gpt, gpt_tok, bert, bert_tok, passages):
     """GPT-2's chain-rule bits/char and BERT's pseudo-log-likelihood bits/char (one [MASK] at a time)."""
     gpt_nll = bert_nll = characters = 0.0
     device = gpt.token_embedding.weight.device
-    for text in passages:
+    progress = Progress("passages", len(passages))  # bert: one forward pass per token of each passage
+    for number, text in enumerate(passages):
+        progress.update(number)
         ids = torch.tensor([[gpt_tok.encoding.eot_token] + gpt_tok.encode(text)], device=device)
         logp = torch.log_softmax(gpt(ids[:, :-1])[0].float(), -1)
         gpt_nll -= logp.gather(-1, ids[:, 1:, None]).sum().item()
@@ -110,7 +112,9 @@ def cloze(gpt, gpt_tok, bert, bert_tok, text, blanks, rng):
     chosen = [usable[i] for i in torch.randperm(len(usable), generator=rng)[:blanks].tolist()]
     both = left = 0
     answers, device = [], gpt.token_embedding.weight.device
-    for i in chosen:
+    progress = Progress("cloze blanks", len(chosen))  # two real models per blank: minutes on a CPU
+    for number, i in enumerate(chosen):
+        progress.update(number)
         before, after, word = " ".join(words[i - 30:i]), " ".join(words[i + 1:i + 31]), words[i]
         ids = [hf.cls_token_id] + hf.encode(before, add_special_tokens=False) + [hf.mask_token_id]
         position = len(ids) - 1
@@ -138,23 +142,13 @@ def decoding_speed(gpt, gpt_tok, text, new_tokens, device):
 
 # ----------------------------------------------------------------------------- the command
 
-def main():
-    config = apply_overrides(DEFAULTS, sys.argv[1:])
-    device = pick_device(config["device"])
-    text = read_text(config["text"])
-    t0 = time.perf_counter()
-    say = lambda what: print(f"[{format_duration(time.perf_counter() - t0)}] {what}", flush=True)  # noqa: E731
-    gpt, gpt_tok, _ = load_for_sampling(config["gpt"], device)  # (an error here is one line, nothing printed before)
-    bert, bert_tok, _ = load_for_sampling(config["bert"], device)
-    say(f"loaded {config['gpt']} and {config['bert']}")
-    if gpt.config.arch != "gpt" or bert.config.arch != "bert":
-        raise UserError(f"--gpt must be a GPT-2 and --bert a BERT (got {gpt.config.arch} and {bert.config.arch})")
+def measure(results, config, text, gpt, gpt_tok, bert, bert_tok, device, say):
+    """Fill `results` claim by claim (in place: an interrupted run keeps the claims already measured)."""
     rng = torch.Generator().manual_seed(config["seed"])
     words = text.split()
     frequent = sorted(set(w for w in words if w.isalpha() and w.islower()), key=words.count, reverse=True)
     vocabulary = [w for w in frequent if len(gpt_tok.encode(" " + w)) == 1
                   and bert_tok.hf.convert_tokens_to_ids(w) != bert_tok.hf.unk_token_id][:config["vocabulary_words"]]
-    results = {"gpt": config["gpt"], "bert": config["bert"], "device": device}
     say(f"C4: normalisation over {len(vocabulary)} x {len(vocabulary)} two-word texts")
     results["C4 sum over W x W"] = dict(zip(("gpt-2 chain rule", "bert pseudo-likelihood"),
                                             two_token_normalisation(gpt, gpt_tok, bert, bert_tok, vocabulary)))
@@ -174,8 +168,29 @@ def main():
     results["B1/D1 cloze accuracy"] = cloze(gpt, gpt_tok, bert, bert_tok, text, config["cloze_blanks"], rng)
     say("D4: decoding speed")
     results["D4 decoding"] = decoding_speed(gpt, gpt_tok, text, config["decode_tokens"], device)
+
+
+def main():
+    config = apply_overrides(DEFAULTS, sys.argv[1:])
+    device = pick_device(config["device"])
+    text = read_text(config["text"])
+    t0 = time.perf_counter()
+    say = lambda what: print(f"[{format_duration(time.perf_counter() - t0)}] {what}", flush=True)  # noqa: E731
+    gpt, gpt_tok, _ = load_for_sampling(config["gpt"], device)  # (an error here is one line, nothing printed before)
+    bert, bert_tok, _ = load_for_sampling(config["bert"], device)
+    say(f"loaded {config['gpt']} and {config['bert']}")
+    if gpt.config.arch != "gpt" or bert.config.arch != "bert":
+        raise UserError(f"--gpt must be a GPT-2 and --bert a BERT (got {gpt.config.arch} and {bert.config.arch})")
+    results = {"gpt": config["gpt"], "bert": config["bert"], "device": device}
+    try:
+        with StopSignals(immediate=True):  # SIGTERM too, as bench.py and study.py
+            measure(results, config, text, gpt, gpt_tok, bert, bert_tok, device, say)
+    except KeyboardInterrupt:  # Ctrl-C / SIGTERM: write what is measured, say what is not
+        results["interrupted"] = True
+        print("interrupted: writing the claims measured so far", flush=True)
     lines = [f"Published models: {config['gpt']} and {config['bert']} on {device}, "
-             f"{format_duration(time.perf_counter() - t0)}", ""]
+             f"{format_duration(time.perf_counter() - t0)}" + (" (interrupted: the claims below only)"
+                                                             if results.get("interrupted") else ""), ""]
     for claim, value in results.items():
         if isinstance(value, dict):
             lines.append(f"- {claim}: " + ", ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}"
