@@ -71,3 +71,13 @@ def get_windows(path, batch_size, block_size, rng):
     data = np.memmap(path, dtype=np.uint16, mode="r")
     starts = rng.integers(0, len(data) - block_size - 1, size=batch_size)
     return torch.from_numpy(np.stack([data[i:i + block_size + 1].astype(np.int64) for i in starts]))
+
+
+def tiktoken_encoding(name="gpt2"):
+    """tiktoken's BPE by name (data/shakespeare/prepare.py, sample.py, pretrained.py), or one line saying why not."""
+    import tiktoken
+    try:
+        return tiktoken.get_encoding(name)
+    except Exception as e:
+        raise UserError(f"tiktoken could not load the {name} encoding ({type(e).__name__}); offline, set "
+                        f"TIKTOKEN_CACHE_DIR to a folder holding its files") from None

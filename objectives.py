@@ -48,10 +48,13 @@ class Specials:
 
     @classmethod
     def from_meta(cls, meta):
+        """Ours (data/prepare_common.py), or a published tokenizer's ids under our names (pretrained.dataset_meta:
+        BERT's [MASK], T5's <extra_id_k> as <Sk>; no UL2 mode tokens, no [MASK] in T5)."""
         s = meta["specials"]
         sentinels = [s[f"<S{i}>"] for i in range(meta["num_sentinels"])]
-        return cls(meta["num_ordinary"], s["[PAD]"], s["[EOS]"], s["[MASK]"], sentinels,
-                   {"R": s["[NLU]"], "X": s["[NLG]"], "S": s["[S2S]"]})
+        modes = {mode: s[name] for mode, name in (("R", "[NLU]"), ("X", "[NLG]"), ("S", "[S2S]")) if name in s}
+        return cls(meta["num_ordinary"], s["[PAD]"], s["[EOS]"], s["[MASK]"], sentinels, modes,
+                   meta.get("never_sampled"))
 
 
 @dataclass

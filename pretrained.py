@@ -17,6 +17,7 @@ import socket
 import torch
 
 from configurator import UserError
+from dataset import tiktoken_encoding
 from model import Attention, ModelConfig, Transformer
 from objectives import Specials
 
@@ -213,8 +214,9 @@ def where_from(name_or_folder):
     return "hub"
 
 
-def read_hugging_face(name_or_folder):
-    """(their config, their state dict, their tokenizer or None) through transformers, with one-line errors."""
+def open_with_transformers(name_or_folder):
+    """(transformers, the name with ~ expanded, where it comes from, its config): the cheap first step of every
+    load, so a wrong family or arch is refused before any weights are downloaded."""
     try:
         import transformers
     except ImportError:
@@ -224,32 +226,93 @@ def read_hugging_face(name_or_folder):
     transformers.utils.logging.disable_progress_bar()
     name_or_folder = os.path.expanduser(name_or_folder)
     source = where_from(name_or_folder)
-    local = dict(local_files_only=source != "hub")
     try:
-        hf_config = transformers.AutoConfig.from_pretrained(name_or_folder, **local)
-        if hf_config.model_type not in FAMILIES:
-            raise UserError(f"{name_or_folder} is a {hf_config.model_type!r} model: only GPT-2, BERT and T5 load")
-        model_class = {"gpt2": transformers.GPT2LMHeadModel, "bert": transformers.BertForMaskedLM,
-                       "t5": transformers.T5ForConditionalGeneration}[hf_config.model_type]
+        hf_config = transformers.AutoConfig.from_pretrained(name_or_folder, local_files_only=source != "hub")
+    except (OSError, ValueError) as e:
+        raise could_not_load(name_or_folder, source, e) from None
+    if hf_config.model_type not in FAMILIES:
+        raise UserError(f"{name_or_folder} is a {hf_config.model_type!r} model: only GPT-2, BERT and T5 load")
+    return transformers, name_or_folder, source, hf_config
+
+
+def could_not_load(name_or_folder, source, error):
+    where = "the folder" if source == "folder" else f"the Hugging Face {source}"
+    return UserError(f"could not load {name_or_folder!r} from {where}: {str(error).splitlines()[0][:200]}")
+
+
+def read_hugging_face(name_or_folder):
+    """(their config, their state dict, their tokenizer or None) through transformers, with one-line errors."""
+    transformers, name_or_folder, source, hf_config = open_with_transformers(name_or_folder)
+    local = dict(local_files_only=source != "hub")
+    model_class = {"gpt2": transformers.GPT2LMHeadModel, "bert": transformers.BertForMaskedLM,
+                   "t5": transformers.T5ForConditionalGeneration}[hf_config.model_type]
+    try:
         hf_model, info = model_class.from_pretrained(name_or_folder, dtype=torch.float32, output_loading_info=True,
                                                      **local)
     except (OSError, ValueError) as e:
-        where = "the folder" if source == "folder" else f"the Hugging Face {source}"
-        raise UserError(f"could not load {name_or_folder!r} from {where}: {str(e).splitlines()[0][:200]}") from None
+        raise could_not_load(name_or_folder, source, e) from None
     missing = sorted(info["missing_keys"])
     if missing:  # e.g. a BertModel without the masked-LM head: transformers would fill it randomly
         raise UserError(f"{name_or_folder} lacks {len(missing)} weights of a "
                         f"{model_class.__name__} (e.g. {missing[0]}): it was saved from another head "
                         f"(GPT-2 with its LM head, BERT with its masked-LM head, the whole T5 are needed)")
-    tokenizer = None  # GPT-2's BPE comes from tiktoken, as everywhere in the project
-    files = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spiece.model")
-    has_tokenizer = source != "folder" or any(os.path.exists(os.path.join(name_or_folder, f)) for f in files)
-    if hf_config.model_type != "gpt2" and has_tokenizer:  # else: weights only (the tests' tiny models)
-        try:
-            tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_folder, **local)
-        except (OSError, ValueError, TypeError):
-            pass
+    tokenizer = None if hf_config.model_type == "gpt2" else their_tokenizer(transformers, name_or_folder, source)
     return hf_config, hf_model.state_dict(), tokenizer
+
+
+def their_tokenizer(transformers, name_or_folder, source):
+    """The transformers tokenizer saved with a BERT or T5 checkpoint, or None (a folder of weights only, as the
+    tests' tiny models). GPT-2's BPE comes from tiktoken, as everywhere in the project."""
+    files = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spiece.model")
+    if source == "folder" and not any(os.path.exists(os.path.join(name_or_folder, f)) for f in files):
+        return None
+    try:
+        return transformers.AutoTokenizer.from_pretrained(name_or_folder, local_files_only=source != "hub")
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def read_tokenizer(name_or_folder):
+    """(family, transformers tokenizer) of a published BERT or T5 checkpoint, without its weights: for
+    data/shakespeare/prepare.py --tokenizer=... and for sampling from a model fine-tuned on such a dataset."""
+    transformers, name_or_folder, source, hf_config = open_with_transformers(name_or_folder)
+    if hf_config.model_type == "gpt2":
+        raise UserError(f"{name_or_folder} is a GPT-2: its tokens are tiktoken's gpt2 BPE (--tokenizer=gpt2)")
+    tokenizer = their_tokenizer(transformers, name_or_folder, source)
+    if tokenizer is None:
+        raise UserError(f"{name_or_folder} has no tokenizer files: save the tokenizer beside the weights "
+                        f"(tokenizer.save_pretrained(folder))")
+    return hf_config.model_type, tokenizer
+
+
+def dataset_meta(name_or_folder, family, hf):
+    """meta.pkl of a text tokenized with a published BERT or T5 tokenizer: *their* special ids under the
+    project's names, so objectives.py masks with BERT's own [MASK] and corrupts spans with T5's own
+    <extra_id_k> sentinels (as they were pre-trained), and pads / ends with their [PAD] / [SEP] or </s>.
+    T5 has no [MASK]: its unknown token stands in (only the samplers' banned list reads it). Neither has UL2's
+    mode tokens, so --objective=ul2 is refused on these datasets (train.py)."""
+    sentinels = []
+    while True:  # <extra_id_0>, <extra_id_1>, ... where they sit (T5 counts them down from the top)
+        token_id = hf.convert_tokens_to_ids(f"<extra_id_{len(sentinels)}>")
+        if token_id is None or token_id == hf.unk_token_id:
+            break
+        sentinels.append(token_id)
+    if family == "t5" and not sentinels:
+        raise UserError(f"{name_or_folder}'s tokenizer has no <extra_id_0>: span corruption needs T5's sentinels")
+    vocab_size = len(hf)
+    top_block = sorted(sentinels) == list(range(vocab_size - len(sentinels), vocab_size))
+    specials = {"[PAD]": hf.pad_token_id, "[EOS]": hf.eos_token_id if family == "t5" else hf.sep_token_id,
+                "[MASK]": hf.mask_token_id if family == "bert" else hf.unk_token_id,
+                **{f"<S{i}>": token_id for i, token_id in enumerate(sentinels)}}
+    missing = [name for name, token_id in specials.items() if token_id is None]
+    if missing:
+        raise UserError(f"{name_or_folder}'s tokenizer has no {', '.join(missing)} token")
+    return {"tokenizer": name_or_folder, "tokenizer_family": family, "vocab_size": vocab_size,
+            # ids below num_ordinary are text (what MLM may mask or draw at random): all of BERT's vocabulary, as
+            # BERT drew its random replacements; T5's text is everything below its sentinels
+            "num_ordinary": vocab_size - len(sentinels) if sentinels and top_block else vocab_size,
+            "specials": specials, "num_sentinels": len(sentinels),
+            "never_sampled": sorted(i for i in hf.all_special_ids if i not in sentinels)}
 
 
 def build(hf_config, theirs, source, device):
@@ -272,15 +335,12 @@ class PublishedTokenizer:
     """sample.py's tokenizer interface (encode, decode) over GPT-2's BPE (tiktoken, as the rest of the project) or
     the transformers tokenizer that came with a BERT or T5 checkpoint."""
 
-    def __init__(self, family, hf_tokenizer):
-        self.family, self.hf = family, hf_tokenizer
+    def __init__(self, family, hf_tokenizer, as_prepared=False):
+        # as_prepared: text ids only, as data/shakespeare/prepare.py wrote them (sample.py adds what the model's
+        # objective needs); else as published: BERT's [CLS] first, T5's </s> last
+        self.family, self.hf, self.as_prepared = family, hf_tokenizer, as_prepared
         if family == "gpt2":
-            import tiktoken
-            try:
-                self.encoding = tiktoken.get_encoding("gpt2")
-            except Exception as e:
-                raise UserError(f"tiktoken could not load the gpt2 encoding ({type(e).__name__}); offline, set "
-                                f"TIKTOKEN_CACHE_DIR to a folder holding its files") from None
+            self.encoding = tiktoken_encoding("gpt2")
         elif hf_tokenizer is None:
             raise UserError(f"this {family} checkpoint has no tokenizer files: save the tokenizer beside the weights "
                             f"(tokenizer.save_pretrained(folder)) to sample from it")
@@ -288,6 +348,8 @@ class PublishedTokenizer:
     def encode(self, text):
         if self.family == "gpt2":
             return self.encoding.encode_ordinary(text)
+        if self.as_prepared:
+            return self.hf.encode(text, add_special_tokens=False)
         if self.family == "bert":  # [CLS] text; the [MASK]s to fill follow
             return [self.hf.cls_token_id] + self.hf.encode(text, add_special_tokens=False)
         return self.hf.encode(text)  # t5: text </s>, the encoder's input
@@ -323,32 +385,51 @@ def load_for_sampling(name_or_folder, device):
     return model, tokenizer, tokenizer.specials(model.config.vocab_size)
 
 
+ARCH_OF_FAMILY = {"gpt2": "gpt", "bert": "bert", "t5": "t5"}
+
+
 def load_for_training(config, meta):
-    """train.py --init_from=gpt2 (or a GPT-2 folder): fine-tune published GPT-2 weights on a dataset written in
-    the same GPT-2 BPE. The training config is updated to describe the loaded shape (so the checkpoint says
-    what it holds, and --init_from=resume rebuilds it). BERT and T5 read their own WordPiece/SentencePiece
-    tokens, which data/ does not prepare: refused with the reason."""
-    name = config["init_from"]
-    if config["arch"] != "gpt":  # the cheap checks first: no download for a run that cannot go
-        raise UserError(f"train.py fine-tunes published GPT-2 weights only (--arch=gpt): BERT and T5 read their own "
-                        f"tokens, which data/ does not prepare (sample.py --init_from={name} runs them as published)")
-    if meta.get("tokenizer") != "gpt2":
+    """train.py --init_from=<published name or folder>: fine-tune GPT-2, BERT or T5 on a dataset written in that
+    checkpoint's own tokens: GPT-2's BPE (data/shakespeare), BERT's WordPiece or T5's SentencePiece with their
+    special ids (data/shakespeare/prepare.py --tokenizer=<name>), so MLM masks with BERT's [MASK] and span
+    corruption uses T5's <extra_id_k>, as in their pre-training. The training config is updated to describe the
+    loaded shape (so the checkpoint says what it holds, and --init_from=resume rebuilds it)."""
+    name, arch = config["init_from"], config["arch"]
+    prepare = f"python data/shakespeare/prepare.py --tokenizer={name}"
+    # the cheap checks first (dataset against --arch): no download for a run that cannot go
+    if arch not in ARCH_OF_FAMILY.values():
+        raise UserError(f"published checkpoints are GPT-2 (--arch=gpt), BERT (--arch=bert) or T5 (--arch=t5); "
+                        f"there is no published {arch}")
+    if arch == "gpt" and meta.get("tokenizer") != "gpt2":
         raise UserError(f"--init_from={name} reads GPT-2 BPE tokens but dataset {config['dataset']} is "
                         f"{meta.get('tokenizer')}-level: use --dataset=shakespeare (prepared with tiktoken's gpt2)")
-    model, _ = load_pretrained(name)
+    if arch != "gpt" and meta.get("tokenizer_family") != arch:
+        raise UserError(f"--init_from={name} (--arch={arch}) reads the checkpoint's own tokens but dataset "
+                        f"{config['dataset']} is {meta.get('tokenizer')}-level: prepare one with its tokenizer "
+                        f"({prepare}) and pass the --dataset it prints")
+    _, _, _, hf_config = open_with_transformers(name)
+    family = hf_config.model_type
+    if ARCH_OF_FAMILY[family] != arch:
+        raise UserError(f"{name} is a {family} checkpoint: train it with --arch={ARCH_OF_FAMILY[family]} "
+                        f"(not --arch={arch})")
+    model, hf_tokenizer = load_pretrained(name)
     c = model.config
-    if c.arch != "gpt":
-        raise UserError(f"train.py fine-tunes published GPT-2 weights only: {name} is a {c.arch}")
-    if meta["num_ordinary"] > c.vocab_size:
-        raise UserError(f"dataset {config['dataset']} has {meta['num_ordinary']} text tokens, {name} knows {c.vocab_size}")
+    if hf_tokenizer is not None:  # the same vocabulary, not only the same family
+        theirs = dataset_meta(name, family, hf_tokenizer)
+        if any(theirs[k] != meta.get(k) for k in ("vocab_size", "specials")):
+            raise UserError(f"dataset {config['dataset']} was tokenized with another {family} vocabulary than "
+                            f"{name}'s ({meta.get('tokenizer')}): prepare it again ({prepare})")
+    needed = meta["num_ordinary"] if family == "gpt2" else meta["vocab_size"]  # clm reads no special token
+    if needed > c.vocab_size:
+        raise UserError(f"dataset {config['dataset']} has {needed} token ids, {name} knows {c.vocab_size}")
     if config["block_size"] > c.block_size:
         raise UserError(f"--block_size={config['block_size']} is longer than {name}'s {c.block_size} positions")
-    c.dropout = config["dropout"]  # published GPT-2 trained with 0.1; the flag decides for fine-tuning
+    c.dropout = config["dropout"]  # published models trained with 0.1; the flag decides for fine-tuning
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = c.dropout
         elif isinstance(module, Attention):
             module.dropout = c.dropout
-    config.update(n_layer=c.n_layer, n_decoder_layer=0, n_head=c.n_head, n_embd=c.n_embd, bias=c.bias,
-                  position=c.position, published_weights=name)
+    config.update(n_layer=c.n_layer, n_decoder_layer=c.n_decoder_layer, n_head=c.n_head, n_embd=c.n_embd,
+                  bias=c.bias, position=c.position, published_weights=name)
     return model.train()

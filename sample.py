@@ -20,6 +20,7 @@ import torch
 
 from checkpoint import load_model
 from configurator import UserError, apply_overrides, pick_device, run_main
+from dataset import tiktoken_encoding
 from kvcache import generate, sample_next
 from objectives import Specials
 from progress import StopSignals
@@ -51,12 +52,7 @@ class Tokenizer:
         if meta["tokenizer"] == "char":
             self.stoi, self.itos = meta["stoi"], meta["itos"]
         else:
-            import tiktoken
-            try:
-                self.encoding = tiktoken.get_encoding(meta["tokenizer"])
-            except Exception as e:
-                raise UserError(f"tiktoken could not load the {meta['tokenizer']} encoding ({type(e).__name__}); "
-                                "offline, set TIKTOKEN_CACHE_DIR to a folder holding its files") from None
+            self.encoding = tiktoken_encoding(meta["tokenizer"])
 
     def encode(self, text):
         if self.meta["tokenizer"] != "char":
@@ -81,6 +77,16 @@ class Tokenizer:
         if not ids:
             return ""
         return "".join(self.itos[i] for i in ids) if self.meta["tokenizer"] == "char" else self.encoding.decode(ids)
+
+
+def tokenizer_for(meta):
+    """The dataset's tokenizer: characters or tiktoken (meta.pkl), or the published BERT / T5 tokenizer it was
+    prepared with (data/shakespeare/prepare.py --tokenizer=...; transformers needed)."""
+    if meta.get("tokenizer_family") in ("bert", "t5"):
+        from pretrained import PublishedTokenizer, read_tokenizer
+        family, hf = read_tokenizer(meta["tokenizer"])
+        return PublishedTokenizer(family, hf, as_prepared=True)
+    return Tokenizer(meta)
 
 
 # ----------------------------------------------------------------------------- iterative unmasking
@@ -243,7 +249,7 @@ def main():
     else:
         model, checkpoint = load_model(os.path.join(config["out_dir"], config["checkpoint"]), device)
         arch, objective, meta = model.config.arch, checkpoint["config"].get("objective"), checkpoint["meta"]
-        specials, tokenizer = Specials.from_meta(meta), Tokenizer(meta)
+        specials, tokenizer = Specials.from_meta(meta), tokenizer_for(meta)
     text = read_prompt(config["start"])
     if not text:
         raise UserError("the prompt is empty: pass --start=<text> (or FILE:path)")

@@ -256,6 +256,9 @@ def train(config):
     splits, meta = processes.master_first(lambda: load_dataset(config["dataset"], config["block_size"],
                                                                prepare_if_missing=master))
     specials = objectives.Specials.from_meta(meta)
+    if config["objective"] == "ul2" and not specials.modes:
+        raise UserError(f"--objective=ul2 needs UL2's mode tokens, which dataset {config['dataset']} "
+                        f"({meta['tokenizer']}'s vocabulary) does not have: use span_corruption")
     if checkpoint is not None:
         check_resume(config, checkpoint, meta)
     dtype, autocast = precision(config, device)
@@ -265,7 +268,7 @@ def train(config):
     if checkpoint is not None:  # the saved shape, which for fine-tuned published weights no flag describes
         checkpoint["model_config"]["dropout"] = config["dropout"]
         raw_model = model_from_checkpoint(checkpoint, checkpoint_path)  # with its weights
-    elif config["init_from"] != "scratch":  # published weights, fine-tuned (pretrained.py; GPT-2 only here)
+    elif config["init_from"] != "scratch":  # published GPT-2, BERT or T5 weights, fine-tuned (pretrained.py)
         from pretrained import load_for_training
         raw_model = load_for_training(config, meta)
     else:

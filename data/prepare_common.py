@@ -21,8 +21,8 @@ NUM_SENTINELS = 100  # as T5 (extra_ids=100)
 SPECIAL_TOKENS = ["[PAD]", "[EOS]", "[MASK]", "[NLU]", "[NLG]", "[S2S]"] + [f"<S{i}>" for i in range(NUM_SENTINELS)]
 
 
-def parse_args(argv):
-    return apply_overrides({"input": ""}, argv)
+def parse_args(argv, **defaults):
+    return apply_overrides({"input": "", **defaults}, argv)
 
 
 def read_text(input_path, dataset_dir):
@@ -71,11 +71,13 @@ def special_token_ids(num_ordinary):
 
 
 def write_dataset(dataset_dir, ids, meta):
-    """ids: all token ids of the text; 90% train, 10% val. meta gets the special tokens added."""
+    """ids: all token ids of the text; 90% train, 10% val. meta gets our special tokens added after the text
+    tokens, unless it brings its own (a published tokenizer's: pretrained.dataset_meta)."""
     if len(ids) < 100:
         raise UserError(f"the text has only {len(ids)} tokens: too little to split into train and val")
-    meta = dict(meta, specials=special_token_ids(meta["num_ordinary"]), num_sentinels=NUM_SENTINELS,
-                vocab_size=meta["num_ordinary"] + len(SPECIAL_TOKENS))
+    if "specials" not in meta:
+        meta = dict(meta, specials=special_token_ids(meta["num_ordinary"]), num_sentinels=NUM_SENTINELS,
+                    vocab_size=meta["num_ordinary"] + len(SPECIAL_TOKENS))
     if meta["vocab_size"] > 2 ** 16:  # train.bin / val.bin store uint16 ids
         raise UserError(f"the vocabulary ({meta['num_ordinary']:,} distinct tokens + {len(SPECIAL_TOKENS)} special) "
                         f"does not fit uint16 storage (at most {2 ** 16 - len(SPECIAL_TOKENS):,} distinct tokens): "
@@ -96,5 +98,6 @@ def write_dataset(dataset_dir, ids, meta):
         raise
     for name in names:  # meta last: its presence means "prepared"
         os.replace(os.path.join(dataset_dir, name + ".tmp"), os.path.join(dataset_dir, name))
-    print(f"{dataset_dir}: {n:,} train and {len(ids) - n:,} val tokens, vocabulary {meta['vocab_size']} "
-          f"({meta['num_ordinary']} text + {len(SPECIAL_TOKENS)} special)")
+    vocabulary = f"{meta['tokenizer']}'s" if "tokenizer_family" in meta else \
+        f"{meta['num_ordinary']} text + {meta['vocab_size'] - meta['num_ordinary']} special"
+    print(f"{dataset_dir}: {n:,} train and {len(ids) - n:,} val tokens, vocabulary {meta['vocab_size']} ({vocabulary})")

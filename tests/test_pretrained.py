@@ -4,6 +4,7 @@ our Transformer; the full-size configs have exactly the published parameter coun
 with one line. Skipped where transformers is not installed (.ci/run installs it)."""
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -288,3 +289,127 @@ def test_published_claims_command_on_local_folders(tmp_path, char_dataset):
     assert len(data["D3 effective rank per layer (of T)"]["bert"]) == 1
     assert data["B1/D1 cloze accuracy"]["blanks"] == 20
     assert data["D4 decoding"]["cached"] > 0 and (tmp_path / "published-claims.md").exists()
+
+
+def shakespeare_words(char_dataset, count=300):
+    import collections
+    text = open(char_dataset + "/source.txt", encoding="utf-8").read()
+    return text, [w for w, _ in collections.Counter(w.lower() for w in text.split() if w.isalpha()).most_common(count)]
+
+
+def tiny_bert_with_wordpiece(tmp_path, char_dataset):
+    """A BERT folder with a WordPiece tokenizer of Shakespeare's commonest words (the rest is [UNK])."""
+    text, words = shakespeare_words(char_dataset)
+    vocabulary = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words
+    torch.manual_seed(0)
+    bert = transformers.BertForMaskedLM(transformers.BertConfig(
+        num_hidden_layers=1, num_attention_heads=2, hidden_size=16, intermediate_size=32, vocab_size=len(vocabulary),
+        max_position_embeddings=64))
+    folder = saved(bert, tmp_path, "bert-wordpiece")
+    transformers.BertTokenizer(vocab={w: i for i, w in enumerate(vocabulary)}).save_pretrained(folder)
+    return folder, bert, text
+
+
+def tiny_t5_with_sentencepiece(tmp_path, char_dataset, extra_ids=10):
+    """A T5 folder with a unigram SentencePiece-style tokenizer (tokenizers library, no download) whose
+    <extra_id_k> sentinels sit at the top of the vocabulary, counted down as in t5-small."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    text, words = shakespeare_words(char_dataset)
+    pieces = ["<pad>", "</s>", "<unk>"] + [f"\u2581{w}" for w in words] + list("abcdefghijklmnopqrstuvwxyz")
+    pieces += [f"<extra_id_{k}>" for k in reversed(range(extra_ids))]
+    backend = Tokenizer(models.Unigram([(p, -1.0 if p.startswith("\u2581") else -8.0) for p in pieces], unk_id=2))
+    backend.pre_tokenizer, backend.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    tokenizer = transformers.T5TokenizerFast(tokenizer_object=backend, eos_token="</s>", pad_token="<pad>",
+                                             unk_token="<unk>", extra_ids=0,
+                                             additional_special_tokens=[f"<extra_id_{k}>" for k in range(extra_ids)])
+    torch.manual_seed(0)
+    t5 = transformers.T5ForConditionalGeneration(transformers.T5Config(
+        num_layers=1, num_decoder_layers=1, num_heads=2, d_model=16, d_kv=8, d_ff=32, vocab_size=len(pieces),
+        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1))
+    folder = saved(t5, tmp_path, "t5-sentencepiece")
+    tokenizer.save_pretrained(folder)
+    return folder, t5, text
+
+
+@pytest.mark.parametrize("family", ["bert", "t5"])
+def test_fine_tune_published_bert_and_t5_in_their_own_tokens(family, tmp_path, char_dataset):
+    """data/shakespeare/prepare.py --tokenizer=<folder> writes the text in the checkpoint's own tokens with its
+    own special ids; train.py --init_from=<folder> starts from exactly the published weights, masks with BERT's
+    [MASK] / corrupts spans with T5's <extra_id_k>, resumes, and sample.py reads the fine-tuned checkpoint."""
+    import pickle
+
+    import objectives
+    from conftest import load_prepare
+    make = tiny_bert_with_wordpiece if family == "bert" else tiny_t5_with_sentencepiece
+    folder, theirs, text = make(tmp_path, char_dataset)
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "input.txt").write_text(text[:30_000], encoding="utf-8")
+    load_prepare("shakespeare").prepare(str(tmp_path / "input.txt"), str(tmp_path / "data"), tokenizer=folder)
+    meta = pickle.load(open(tmp_path / "data" / "meta.pkl", "rb"))
+    ids = list(np.fromfile(tmp_path / "data" / "train.bin", dtype=np.uint16)[:200])
+    assert ids == hf_tokenizer.encode(text[:30_000], add_special_tokens=False)[:200]  # their tokens, no [CLS] / </s>
+    specials = objectives.Specials.from_meta(meta)
+    windows = torch.from_numpy(np.fromfile(tmp_path / "data" / "train.bin", dtype=np.uint16)[:8 * 33]
+                               .astype(np.int64)).view(8, 33)
+    generator = torch.Generator().manual_seed(0)
+    if family == "bert":
+        assert specials.mask == hf_tokenizer.mask_token_id == 4 and specials.pad == hf_tokenizer.pad_token_id
+        batch = objectives.mlm(windows, specials, generator)
+        assert (batch.inputs == hf_tokenizer.mask_token_id).sum() > 0  # BERT's own [MASK] id
+    else:
+        sentinels = hf_tokenizer.convert_tokens_to_ids([f"<extra_id_{k}>" for k in range(10)])
+        assert specials.sentinels == sentinels and sentinels[0] == len(hf_tokenizer) - 1  # counted down from the top
+        assert specials.eos == hf_tokenizer.eos_token_id and specials.num_ordinary == len(hf_tokenizer) - 10
+        batch = objectives.span_corruption(windows, specials, generator, "t5")
+        assert (batch.inputs == sentinels[0]).any(dim=1).all() and (batch.targets[:, 0] == sentinels[0]).all()
+
+    common = [f"--arch={family}", f"--dataset={tmp_path / 'data'}", "--block_size=32", "--batch_size=4",
+              "--eval_iters=2", "--eval_interval=5", f"--out_dir={tmp_path / 'out'}", "--quiet=True"]
+    result = run_script("train.py", f"--init_from={folder}", "--max_iters=5", "--learning_rate=1e-30", "--min_lr=0",
+                        *common)
+    assert result.returncode == 0, result.stderr[-2000:]
+    checkpoint = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=False)
+    assert checkpoint["config"]["published_weights"] == folder
+    config = pretrained.FAMILIES[family][0](theirs.config)
+    published = pretrained.convert_state_dict(family, config, theirs.state_dict())
+    assert max((checkpoint["model"][name] - tensor).abs().max().item() for name, tensor in published.items()) < 1e-20
+    result = run_script("train.py", "--init_from=resume", "--max_iters=10", *common)  # now it learns
+    assert result.returncode == 0, result.stderr[-2000:]
+    checkpoint = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=False)
+    assert checkpoint["iter_num"] == 10 and checkpoint["config"]["objective"] == {"bert": "mlm", "t5": "span_corruption"}[family]
+    moved = max((checkpoint["model"][name] - tensor).abs().max().item() for name, tensor in published.items())
+    assert moved > 1e-4
+
+    extra = ["--steps=2"] if family == "bert" else []
+    sampled = run_script("sample.py", f"--out_dir={tmp_path / 'out'}", "--start=the king", "--max_new_tokens=4",
+                         "--num_samples=1", *extra)
+    assert sampled.returncode == 0, sampled.stderr[-2000:]
+    assert sampled.stdout.startswith("the king") and f"{family} (" in sampled.stdout
+
+
+def test_published_fine_tuning_refuses_a_wrong_arch_or_dataset_in_one_line(tmp_path, char_dataset):
+    from conftest import load_prepare
+    bert_folder, _, text = tiny_bert_with_wordpiece(tmp_path, char_dataset)
+    t5_folder, _, _ = tiny_t5_with_sentencepiece(tmp_path, char_dataset)
+    (tmp_path / "input.txt").write_text(text[:5_000], encoding="utf-8")
+    (tmp_path / "bert-data").mkdir()
+    load_prepare("shakespeare").prepare(str(tmp_path / "input.txt"), str(tmp_path / "bert-data"), tokenizer=bert_folder)
+    other_words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(40)]
+    other = tmp_path / "bert-other-vocabulary"
+    transformers.BertForMaskedLM(transformers.BertConfig(
+        num_hidden_layers=1, num_attention_heads=2, hidden_size=16, intermediate_size=32,
+        vocab_size=len(other_words))).save_pretrained(other)
+    transformers.BertTokenizer(vocab={w: i for i, w in enumerate(other_words)}).save_pretrained(other)
+    bert_data = f"--dataset={tmp_path / 'bert-data'}"
+    for args, message in (
+            ([f"--init_from={bert_folder}", f"--dataset={char_dataset}", "--arch=bert"],
+             f"is char-level: prepare one with its tokenizer (python data/shakespeare/prepare.py --tokenizer={bert_folder})"),
+            ([f"--init_from={bert_folder}", bert_data, "--arch=gpt"], "reads GPT-2 BPE tokens"),
+            ([f"--init_from={bert_folder}", bert_data, "--arch=prefixlm"], "there is no published prefixlm"),
+            ([f"--init_from={t5_folder}", bert_data, "--arch=bert"], "is a t5 checkpoint: train it with --arch=t5"),
+            ([f"--init_from={other}", bert_data, "--arch=bert"], "was tokenized with another bert vocabulary")):
+        result = run_script("train.py", "--block_size=32", f"--out_dir={tmp_path / 'out'}", *args)
+        assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
+        assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "out").exists()
