@@ -1,0 +1,290 @@
+"""
+When data runs out (claim X2): repeat a small unique-data budget for 1..128 epochs and watch which objective
+keeps improving on held-out text.
+
+    python epochs.py                 # CPU: the study's CPU model on the first 20,000 characters, ~40 minutes
+    python epochs.py --scale=gpu     # one GPU: the study's GPU model on the first 100,000 characters (not run here)
+    python epochs.py --quick         # a smoke run in seconds (the test suite runs it)
+
+Prabhudesai et al. (2025, ../shared/CHAPTER.md X2) report that next-token prediction wins at a few epochs but
+overfits, while masked diffusion keeps improving for ~100 epochs and ends lower. Here:
+
+- The unique data is the first `unique_chars` characters of the training split and nothing else: a dataset
+  folder whose train.bin holds exactly those tokens (its val.bin is the whole, untouched validation split).
+- Every (objective, epochs, seed) is its own run, with the study's hyperparameters and a cosine schedule sized to
+  that run: a model trained for 4 epochs is a finished 4-epoch model, not the 4-epoch point of a 128-epoch run
+  still at its peak learning rate. The schedule 1, 2, 4, ... 128 costs 255 epochs per objective and seed, only
+  twice one long run. An epoch = unique_chars characters read; windows are drawn at random as in train.py, so
+  an epoch reads each character once *in expectation*.
+- Scored on the same held-out windows with the study's common metric (study.second_half_bits, bits/char of a
+  window's second half given its first half): gpt's exact chain rule; the diffusion model's ELBO (an upper bound
+  on its NLL, the curve the paper compares) and its exact chain rule with [MASK] placeholders; bert's
+  left-to-right chain rule as the study computes it. The same on windows of the unique training data, so
+  overfitting shows as the gap between the two. Character frequencies (of the unique data) are the trivial floor.
+- gpt runs twice: with the study's settings (dropout 0) and with dropout 0.2 (nanoGPT's Shakespeare setting).
+  The comparison uses, at each epoch count, the better of the two, so diffusion is compared against the
+  stronger next-token baseline.
+
+Finished runs are written after each run to study_results/epochs-<scale>.json; a rerun with the same settings
+reuses them (--fresh=True starts over), so Ctrl-C loses at most the run in progress.
+"""
+import json
+import math
+import os
+import pickle
+import shutil
+import time
+
+import numpy as np
+import torch
+
+import objectives
+import train
+from configurator import UserError, run_main
+from dataset import get_windows, load_dataset
+from progress import StopSignals, format_duration
+from study import LN2, resolve_experiment, second_half_bits
+
+DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="study_results",
+                seed=1337, fresh=False, quiet=True)  # quiet=False: the training log lines of every run too
+
+SCALES = {  # the study's model sizes; unique_chars is the data budget; seeds: runs per (objective, epochs)
+    "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, unique_chars=20_000,
+                epochs=(1, 2, 4, 8, 16, 32, 64, 128), seeds=2, eval_windows=64, eval_iters=20),
+    "gpu": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, unique_chars=100_000,
+                epochs=(1, 2, 4, 8, 16, 32, 64, 128, 256), seeds=3, eval_windows=256, eval_iters=50),
+    "quick": dict(n_layer=1, n_head=2, n_embd=32, block_size=32, batch_size=4, unique_chars=2_000,
+                  epochs=(1, 2), seeds=1, eval_windows=4, eval_iters=2),
+}
+SERIES = [  # name, arch, objective, settings that differ from the study's
+    ("gpt", "gpt", "clm", {}),
+    ("gpt, dropout 0.2", "gpt", "clm", {"dropout": 0.2}),
+    ("diffusion", "bert", "diffusion", {}),
+    ("bert", "bert", "mlm", {}),
+]
+
+
+# ----------------------------------------------------------------------------- the data budget
+
+def budget_dataset(splits, meta, unique_tokens, folder):
+    """A dataset folder whose train.bin is the first `unique_tokens` tokens of the training split (the only text
+    the runs may learn from) and whose val.bin is the whole validation split, untouched. Returns its path."""
+    train_ids = np.memmap(splits["train"], dtype=np.uint16, mode="r")
+    if unique_tokens > len(train_ids):
+        raise UserError(f"unique_chars={unique_tokens} is more than the {len(train_ids)} tokens of the training split")
+    os.makedirs(folder, exist_ok=True)
+    np.array(train_ids[:unique_tokens]).tofile(os.path.join(folder, "train.bin"))
+    shutil.copyfile(splits["val"], os.path.join(folder, "val.bin"))
+    val_tokens = os.path.getsize(splits["val"]) // 2
+    with open(os.path.join(folder, "meta.pkl"), "wb") as f:
+        pickle.dump(dict(meta, train_tokens=unique_tokens, val_tokens=val_tokens), f)
+    return folder
+
+
+def iterations_for(epochs, unique_tokens, s):
+    """Training steps that read `epochs` times the unique data, in windows of batch_size x block_size."""
+    return max(1, round(epochs * unique_tokens / (s["batch_size"] * s["block_size"])))
+
+
+# ----------------------------------------------------------------------------- one run
+
+def train_and_score(name, arch, objective, extra, epochs, seed, s, folder, windows, specials, device, quiet, out_dir):
+    """Train one (objective, epochs, seed) run from scratch and score it on the held-out and the training windows.
+    Returns the row, or None when the run was interrupted."""
+    iterations = iterations_for(epochs, s["unique_chars"], s)
+    args = dict(arch=arch, objective=objective, dataset=folder, device=device, out_dir=out_dir,
+                n_layer=s["n_layer"], n_head=s["n_head"], n_embd=s["n_embd"], block_size=s["block_size"],
+                batch_size=s["batch_size"], dropout=0.0, bias=False, max_iters=iterations,
+                lr_decay_iters=iterations, warmup_iters=min(100, iterations // 10), learning_rate=1e-3,
+                min_lr=1e-4, beta2=0.99, eval_interval=10 ** 9, eval_iters=s["eval_iters"], log_interval=10 ** 9,
+                seed=seed, quiet=quiet, overwrite=True)  # the study's settings (study.train_all)
+    args.update(extra)
+    config = train.resolve_config([f"--{k}={v}" for k, v in args.items()])
+    t0 = time.perf_counter()
+    result = train.train(config)
+    if result["interrupted"]:
+        return None
+    seconds = time.perf_counter() - t0
+    model = result["model"].eval()
+    row = {"series": name, "epochs": epochs, "seed": seed, "iterations": result["iter_num"],
+           "tokens_seen": result["tokens_seen"], "epochs_read": result["tokens_seen"] / s["unique_chars"],
+           "seconds": seconds, "loss_val": result["val_loss"], "loss_train": result["train_loss"]}
+    for split in ("val", "train"):
+        bits, extra_bits = second_half_bits(name, model, windows[split], specials, torch.Generator().manual_seed(seed))
+        row[f"chain_bits_{split}"] = bits  # diffusion: its exact chain rule; also its ELBO below
+        row[f"elbo_bits_{split}"] = extra_bits.get("elbo_bits")
+        row[f"bits_{split}"] = extra_bits.get("elbo_bits", bits)  # the curve: ELBO for diffusion, as the paper
+    return row
+
+
+def character_frequency_bits(train_path, windows, num_ordinary):
+    """The trivial rule: every character from the unique data's character frequencies (add-one smoothed)."""
+    counts = np.bincount(np.memmap(train_path, dtype=np.uint16, mode="r"), minlength=num_ordinary)[:num_ordinary]
+    log_p = torch.log(torch.tensor((counts + 1) / (counts + 1).sum(), dtype=torch.float64))
+    H = windows.size(1) // 2
+    return -log_p[windows[:, H:].cpu()].mean().item() / LN2
+
+
+# ----------------------------------------------------------------------------- summary
+
+def mean_std(values):
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None
+    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else None
+
+
+def summarise(runs, s):
+    """{series: {epochs: (mean, std, n)}} of held-out bits, plus each series' best epoch and the crossover."""
+    table = {}
+    for name, *_ in SERIES:
+        for epochs in s["epochs"]:
+            rows = [r for r in runs if r["series"] == name and r["epochs"] == epochs]
+            if rows:
+                stats = {key: mean_std([r[key] for r in rows]) for key in ("bits_val", "bits_train", "chain_bits_val")}
+                table.setdefault(name, {})[epochs] = dict(stats, seeds=len(rows))
+    best = {name: min(curve, key=lambda e: curve[e]["bits_val"][0]) for name, curve in table.items()}
+    # the crossover: the first epoch count from which diffusion's held-out bound stays below the better gpt's NLL
+    # at every larger epoch count measured (one lucky point does not make a crossover)
+    crossover = None
+    if "diffusion" in table:
+        for epochs in reversed(s["epochs"]):
+            gpts = [table[g][epochs]["bits_val"][0] for g in ("gpt", "gpt, dropout 0.2") if epochs in table.get(g, {})]
+            if epochs not in table["diffusion"] or not gpts or table["diffusion"][epochs]["bits_val"][0] >= min(gpts):
+                break
+            crossover = epochs
+    return table, best, crossover
+
+
+def report(data, s, scale):
+    table, best, crossover = summarise(data["runs"], s)
+    fmt = lambda ms: "-" if ms[0] is None else f"{ms[0]:.3f}" + ("" if ms[1] is None else f" +- {ms[1]:.3f}")  # noqa: E731
+    lines = [f"Repeated data (claim X2), scale `{scale}`: {s['n_layer']} layers x {s['n_embd']} dims, block "
+             f"{s['block_size']}, batch {s['batch_size']}; unique data = the first {s['unique_chars']:,} characters "
+             f"of the training split; each cell its own run with its own cosine schedule; held-out = "
+             f"{s['eval_windows']} windows of the validation split, train = {s['eval_windows']} windows of the unique "
+             f"data; metric = bits/char of a window's second half given its first half (gpt: exact NLL; diffusion: "
+             f"ELBO, an upper bound on its NLL; bert: left-to-right chain rule with [MASK] placeholders); mean +- std "
+             f"over seeds (n per cell in the last column). Device {data['device']}, "
+             f"{data['seconds'] / 60:.1f} min for the runs recorded here.", "",
+             "| objective | epochs | held-out bits/char | train bits/char | diffusion: exact chain rule, held-out "
+             "| seeds |", "|---|---|---|---|---|---|"]
+    for name, curve in table.items():
+        for epochs, cell in curve.items():
+            mark = " **(best)**" if best[name] == epochs else ""
+            chain = fmt(cell["chain_bits_val"]) if name == "diffusion" else ""
+            lines.append(f"| {name} | {epochs}{mark} | {fmt(cell['bits_val'])} | {fmt(cell['bits_train'])} | "
+                         f"{chain} | {cell['seeds']} |")
+    lines += ["", f"Character frequencies of the unique data (trivial rule): {data['character_frequency_bits']:.3f} "
+                  f"bits/char held-out."]
+    if table:
+        lines.append("Best epoch count per objective (lowest held-out mean): " +
+                     ", ".join(f"{n} {best[n]} ({table[n][best[n]]['bits_val'][0]:.3f})" for n in table) + ".")
+    lines.append(f"Crossover (the first epoch count from which diffusion's held-out ELBO stays below the better gpt's "
+                 f"exact NLL): "
+                 f"{crossover if crossover is not None else 'none in this range'}.")
+    if data.get("not_done"):
+        lines += ["", f"**Interrupted: {len(data['not_done'])} runs not done (rerun the same command to finish).**"]
+    return "\n".join(lines), table, best
+
+
+def plot(table, best, data, path):
+    """Held-out bits/char against epochs (log x), one line per objective, the best epoch marked."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axis = plt.subplots(figsize=(7, 4.5))
+    for name, curve in table.items():
+        epochs = sorted(curve)
+        means = np.array([curve[e]["bits_val"][0] for e in epochs])
+        stds = np.array([curve[e]["bits_val"][1] or 0.0 for e in epochs])  # None: one seed
+        label = {"diffusion": "diffusion (ELBO: upper bound on NLL)", "bert": "bert (left-to-right chain rule)"}
+        line, = axis.plot(epochs, means, marker="o", label=label.get(name, f"{name} (exact NLL)"))
+        axis.fill_between(epochs, means - stds, means + stds, color=line.get_color(), alpha=0.2)
+        axis.plot([best[name]], [curve[best[name]]["bits_val"][0]], marker="*", markersize=16, color=line.get_color())
+    axis.axhline(data["character_frequency_bits"], color="grey", linestyle=":", label="character frequencies")
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("epochs over the unique data (each point its own run)")
+    axis.set_ylabel("held-out bits/char (2nd half | 1st half)")
+    axis.set_title(f"Repeated data: {data['unique_chars']:,} unique characters (star = best epoch)")
+    axis.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def write_atomically(path, text):
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+# ----------------------------------------------------------------------------- the experiment
+
+def main():
+    config, scale, device = resolve_experiment(DEFAULTS, SCALES)
+    s = SCALES[scale]
+    splits, meta = load_dataset(config["dataset"], s["block_size"], prepare_if_missing=True)
+    if meta["tokenizer"] != "char":  # the budget and the metric are in characters
+        raise UserError(f"--dataset={config['dataset']} is {meta['tokenizer']}-level: the data budget and bits/char "
+                        f"need a character-level dataset (shakespeare_char)")
+    work = os.path.abspath(os.path.join(config["out_dir"], "checkpoints", f"epochs-{scale}"))
+    folder = budget_dataset(splits, meta, s["unique_chars"], os.path.join(work, "data"))
+    specials = objectives.Specials.from_meta(meta)
+    rng = np.random.default_rng(config["seed"] + 7)  # the same held-out windows for every run
+    windows = {split: get_windows(os.path.join(folder, f"{split}.bin"), s["eval_windows"], s["block_size"] - 2,
+                                  rng).to(device) for split in ("val", "train")}
+    settings = {"scale": scale, "seed": config["seed"], "dataset": config["dataset"], **s, "epochs": list(s["epochs"])}
+    json_path = os.path.join(config["out_dir"], f"epochs-{scale}.json")
+    runs = []
+    if os.path.exists(json_path) and not config["fresh"]:
+        with open(json_path) as f:
+            previous = json.load(f)
+        if previous.get("settings") == settings:
+            runs = previous["runs"]
+            print(f"reusing {len(runs)} finished runs from {json_path} (--fresh=True to start over)", flush=True)
+    plan = [(series, epochs, config["seed"] + k) for k in range(s["seeds"]) for epochs in s["epochs"]
+            for series in SERIES]
+    done = {(r["series"], r["epochs"], r["seed"]) for r in runs}
+    todo = [p for p in plan if (p[0][0], p[1], p[2]) not in done]
+    total_epochs = sum(p[1] for p in todo)
+    data = {"settings": settings, "device": device, "unique_chars": s["unique_chars"], "runs": runs,
+            "character_frequency_bits": character_frequency_bits(os.path.join(folder, "train.bin"), windows["val"],
+                                                                 specials.num_ordinary)}
+    os.makedirs(config["out_dir"], exist_ok=True)
+    t0, epochs_done = time.perf_counter(), 0
+    try:
+        with StopSignals(immediate=True):  # train.train catches the first signal itself and saves; see below
+            for number, ((name, arch, objective, extra), epochs, seed) in enumerate(todo):
+                elapsed = time.perf_counter() - t0
+                eta = f", ~{format_duration(elapsed / epochs_done * (total_epochs - epochs_done))} left" \
+                    if epochs_done else ""
+                print(f"[epochs] run {number + 1}/{len(todo)}: {name}, {epochs} epochs, seed {seed}{eta}", flush=True)
+                row = train_and_score(name, arch, objective, extra, epochs, seed, s, folder, windows, specials,
+                                      device, config["quiet"], os.path.join(work, name.replace(", ", "-")))
+                if row is None:
+                    raise KeyboardInterrupt
+                runs.append(row)
+                epochs_done += epochs
+                print(f"  held-out {row['bits_val']:.3f} bits/char, train {row['bits_train']:.3f} "
+                      f"({row['iterations']} iterations, {row['seconds']:.0f} s)", flush=True)
+                data["seconds"] = sum(r["seconds"] for r in runs)
+                write_atomically(json_path, json.dumps(data, indent=1))
+    except KeyboardInterrupt:
+        data["not_done"] = [f"{p[0][0]} x{p[1]} seed {p[2]}" for p in todo
+                            if (p[0][0], p[1], p[2]) not in {(r["series"], r["epochs"], r["seed"]) for r in runs}]
+        print(f"interrupted: {len(runs)} runs finished and kept, {len(data['not_done'])} not done; rerun the same "
+              f"command to continue", flush=True)
+    data["seconds"] = sum(r["seconds"] for r in runs)
+    write_atomically(json_path, json.dumps(data, indent=1))
+    text, table, best = report(data, s, scale)
+    print("\n" + text)
+    write_atomically(os.path.join(config["out_dir"], f"epochs-{scale}.md"), text + "\n")
+    if table:
+        plot(table, best, data, os.path.join(config["out_dir"], f"epochs-{scale}.png"))
+
+
+if __name__ == "__main__":
+    run_main(main)
