@@ -29,7 +29,6 @@ Finished runs are written after each run to study_results/epochs-<scale>.json; a
 reuses them (--fresh=True starts over), so Ctrl-C loses at most the run in progress.
 """
 import json
-import math
 import os
 import pickle
 import shutil

@@ -67,10 +67,7 @@ def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet):
     """Train each (name, arch, objective, extra settings) of `models` on `dataset` to the same training FLOPs:
     s["gpt_iters"] iterations of the gpt of shape s. Checkpoints go to <checkpoints>-<name>. Returns
     ({name: train.train's summary + seconds and objective}, budget), or (None, budget) if interrupted."""
-    gpt = Transformer(ModelConfig(arch="gpt", vocab_size=meta["vocab_size"], block_size=s["block_size"], n_layer=s["n_layer"],
-                                  n_head=s["n_head"], n_embd=s["n_embd"], bias=False))
-    one_batch = objectives.clm(torch.zeros(s["batch_size"], s["block_size"] + 1, dtype=torch.long))
-    budget = s["gpt_iters"] * gpt.training_flops(one_batch)
+    budget = flops_budget(s, meta)
     trained, started = {}, time.perf_counter()
     for number, (name, arch, objective, extra) in enumerate(models):
         if trained:  # equal FLOPs: models cost about the same, so the mean so far predicts the rest
@@ -109,6 +106,14 @@ def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet):
               f"{result['seconds']:.0f} s, val loss {result['val_loss']:.4f} ({objective})", flush=True)
         trained[name] = result
     return trained, budget
+
+
+def flops_budget(s, meta):
+    """Every model's training FLOPs: s["gpt_iters"] iterations of the gpt of shape s."""
+    gpt = Transformer(ModelConfig(arch="gpt", vocab_size=meta["vocab_size"], block_size=s["block_size"], n_layer=s["n_layer"],
+                                  n_head=s["n_head"], n_embd=s["n_embd"], bias=False))
+    one_batch = objectives.clm(torch.zeros(s["batch_size"], s["block_size"] + 1, dtype=torch.long))
+    return s["gpt_iters"] * gpt.training_flops(one_batch)
 
 
 def estimate_step_flops(config, s, meta):

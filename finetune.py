@@ -1,0 +1,441 @@
+"""
+Pretrain once, add a small head, fine-tune per task (claim B2), and find where the other architectures still win:
+judgements over a whole input (F3), embeddings for retrieval (E3), encoders against decoders at equal size and
+recipe (X1, Ettin 2025).
+
+    python finetune.py --init_from=out-bert --task=speaker --mode=probe     # one checkpoint, one task
+    python finetune.py --init_from=out-gpt --task=tampered --mode=full --pooling=mean --seeds=3
+    python finetune.py --init_from=bert-base-uncased --task=retrieval       # a published model (pretrained.py)
+    python finetune.py --study                # the study's equal-FLOPs gpt, bert, prefixlm, t5, diffusion x every
+                                              # task x mode x 3 seeds -> study_results/finetune-cpu.{md,json,png}
+    python finetune.py --study --quick        # seconds (the test suite runs it)
+
+Tasks (tasks.py, made from the text of the prepared char-level dataset, training and evaluation examples from
+disjoint parts of it): speaker (which of 8 speakers said a speech), tampered (is one line of a passage replaced
+by a line from elsewhere? claim F3) and retrieval (find the line that follows a line among 100 candidates by
+cosine similarity of pooled states, claim E3: recall@1 and MRR, with frozen features, a linear map trained on
+them, and after a contrastive fine-tune with in-batch negatives).
+
+Reading a whole input into one vector (--pooling): bert, the t5 encoder and the diffusion model attend both ways,
+so every position has seen the whole input: mean over positions. prefixlm reads the whole input as its
+bidirectional prefix: mean. gpt is causal: position i has seen tokens 0..i only, so the *last* position is the
+only one that has seen everything (--pooling=last, its default); --pooling=mean averages positions that saw less
+and less of the input.
+--mode=probe trains only the head on frozen features (the backbone is bit-identical afterwards, tested);
+--mode=full fine-tunes everything. Baselines under the same scoring: the majority class and a character
+1-3-gram logistic regression (numpy); for retrieval chance and n-gram cosine similarity.
+"""
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from checkpoint import load_model
+from configurator import UserError, apply_overrides, check_seed, pick_device, run_main
+from dataset import load_dataset
+from progress import StopSignals, format_duration
+from tasks import TASKS, baselines, candidate_sets, make_task, read_texts, retrieval_scores
+
+DEFAULTS = dict(
+    init_from="",            # a train.py out_dir (its ckpt.pt), or a published name / save_pretrained folder
+    task="speaker",          # speaker | tampered | retrieval
+    mode="probe",            # probe (head only, backbone frozen) | full (everything)
+    pooling="auto",          # auto (gpt: last, the others: mean) | last (causal models only) | mean
+    dataset="shakespeare_char",  # the text the tasks are made from (char-level, prepared)
+    seed=1337, seeds=1,      # seeds seed, seed+1, ...: head init and example order
+    steps=300,               # full fine-tuning steps
+    probe_steps=600,         # head-only steps on cached features
+    batch_size=32, learning_rate=3e-4, head_learning_rate=3e-3, temperature=0.05,  # temperature: contrastive loss
+    device="auto",
+    study=False, scale="cpu", quick=False, out_dir="study_results", fresh=False,  # --study: the whole table
+)
+MODES = ("probe", "full")
+
+
+# ----------------------------------------------------------------------------- a backbone and its pooled features
+
+class Backbone:
+    """A model, its tokenizer and pad id, from a train.py out_dir or a published checkpoint."""
+
+    def __init__(self, init_from, device):
+        path = os.path.join(init_from, "ckpt.pt")
+        published = os.path.exists(os.path.join(init_from, "config.json")) or \
+            not (os.path.exists(init_from) or os.sep in init_from or init_from.startswith("."))
+        if os.path.exists(path):
+            from objectives import Specials
+            from sample import tokenizer_for
+            self.model, checkpoint = load_model(path, device)
+            meta = checkpoint["meta"]
+            self.tokenizer, self.pad = tokenizer_for(meta), Specials.from_meta(meta).pad
+            self.objective = checkpoint["config"].get("objective")
+        elif published:  # a hub name or a save_pretrained folder (pretrained.py; needs transformers)
+            from pretrained import load_for_sampling
+            self.model, self.tokenizer, specials = load_for_sampling(init_from, device)
+            self.pad, self.objective = specials.pad, "pretrained"
+        elif os.path.isdir(init_from):
+            raise UserError(f"--init_from={init_from} holds no ckpt.pt (a train.py out_dir) and no config.json (a "
+                            f"save_pretrained folder): train first (python train.py --out_dir={init_from} ...)")
+        else:
+            raise UserError(f"--init_from={init_from}: no such folder; pass a train.py out_dir")
+        self.arch, self.device = self.model.config.arch, device
+
+    def encode(self, texts):
+        """Right-padded ids (B, T) and lengths (B,), each text cut to the model's context."""
+        rows = []
+        for text in texts:
+            if hasattr(self.tokenizer, "stoi"):  # a char-level checkpoint of another text: drop unknown characters
+                text = "".join(ch for ch in text if ch in self.tokenizer.stoi)
+            rows.append(self.tokenizer.encode(text)[:self.model.config.block_size])
+        lengths = torch.tensor([max(1, len(r)) for r in rows])
+        ids = torch.full((len(rows), int(lengths.max())), self.pad, dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        return ids.to(self.device), lengths.to(self.device)
+
+
+def pooled_features(model, ids, lengths, pooling):
+    """One vector (B, C) per input. Every reader attends to the real tokens only: bert and the t5 encoder mask the
+    padding keys; prefixlm takes the whole input as its bidirectional prefix (prefix_length = length, so the
+    padding after it is never a key of a real position); gpt's right padding comes after every real position,
+    which a causal model cannot see."""
+    arch = model.config.arch
+    if arch == "t5":
+        hidden = model.encode(ids, key_lengths=lengths)
+    elif arch == "bert":
+        hidden = model.run_stack(ids, key_lengths=lengths)
+    elif arch == "prefixlm":
+        hidden = model.run_stack(ids, prefix_length=lengths)
+    else:
+        hidden = model.run_stack(ids)
+    if pooling == "last":  # claim D4's other face: only the last position of a causal model has read everything
+        return hidden[torch.arange(ids.size(0), device=ids.device), lengths - 1]
+    real = (torch.arange(ids.size(1), device=ids.device)[None, :] < lengths[:, None]).to(hidden.dtype)
+    return (hidden * real[..., None]).sum(1) / lengths[:, None].to(hidden.dtype)  # (B, C)
+
+
+def resolve_pooling(pooling, arch):
+    if pooling == "auto":
+        return "last" if arch == "gpt" else "mean"
+    if pooling not in ("last", "mean"):
+        raise UserError(f"--pooling={pooling}: choose auto, last or mean")
+    if pooling == "last" and arch != "gpt":
+        raise UserError(f"--pooling=last is for a causal model (gpt), whose last position alone has read the whole "
+                        f"input; this checkpoint is {arch}, which attends both ways: use --pooling=mean")
+    return pooling
+
+
+@torch.no_grad()
+def features_of(backbone, texts, pooling, batch_size=64):
+    backbone.model.eval()
+    out = []
+    for i in range(0, len(texts), batch_size):
+        out.append(pooled_features(backbone.model, *backbone.encode(texts[i:i + batch_size]), pooling).float())
+    return torch.cat(out)
+
+
+# ----------------------------------------------------------------------------- training a head (and the backbone)
+
+def run_cell(backbone, task, mode, pooling, data, seed, config, stop):
+    """Train one (task, mode, seed) and score it on the task's evaluation examples. probe: the backbone is frozen
+    and its features computed once; full: backbone + head train together. Returns the metrics."""
+    model, n_embd = backbone.model, backbone.model.config.n_embd
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
+    if task == "retrieval":  # a linear map of the pooled state, identity at the start: frozen features unchanged
+        head = torch.nn.Linear(n_embd, n_embd, bias=False)
+        torch.nn.init.eye_(head.weight)
+    else:
+        head = torch.nn.Linear(n_embd, len(data["classes"]))
+        torch.nn.init.zeros_(head.weight)
+        torch.nn.init.zeros_(head.bias)
+    head = head.to(backbone.device)
+    train = data["train"]
+    if mode == "probe":
+        for p in model.parameters():
+            p.requires_grad_(False)
+        cached = {key: features_of(backbone, [e[key] for e in train], pooling)
+                  for key in (("text", "next") if task == "retrieval" else ("text",))}
+        optimizer = torch.optim.AdamW(head.parameters(), lr=config["head_learning_rate"], weight_decay=0.0)
+        steps = config["probe_steps"]
+    else:
+        model.train()
+        for p in model.parameters():
+            p.requires_grad_(True)
+        optimizer = torch.optim.AdamW([{"params": model.parameters(), "lr": config["learning_rate"]},
+                                       {"params": head.parameters(), "lr": config["head_learning_rate"]}],
+                                      weight_decay=0.0)
+        steps = config["steps"]
+    labels = torch.tensor([e.get("label", 0) for e in train], device=backbone.device)
+    for step in range(steps):
+        if stop:
+            raise KeyboardInterrupt
+        index = torch.randint(0, len(train), (min(config["batch_size"], len(train)),), generator=generator)
+        if mode == "probe":
+            inputs = {key: values[index.to(values.device)] for key, values in cached.items()}
+        else:
+            inputs = {key: pooled_features(model, *backbone.encode([train[i][key] for i in index.tolist()]), pooling)
+                      for key in (("text", "next") if task == "retrieval" else ("text",))}
+        if task == "retrieval":  # in-batch negatives: each line's own next line against the batch's others
+            q, k = F.normalize(head(inputs["text"]), dim=-1), F.normalize(head(inputs["next"]), dim=-1)
+            loss = F.cross_entropy(q @ k.T / config["temperature"], torch.arange(len(q), device=q.device))
+        else:
+            loss = F.cross_entropy(head(inputs["text"]), labels[index.to(labels.device)])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        evaluation = data["eval"]
+        if task == "retrieval":
+            q = head(features_of(backbone, [e["text"] for e in evaluation], pooling)).cpu().numpy()
+            k = head(features_of(backbone, [e["next"] for e in evaluation], pooling)).cpu().numpy()
+            return retrieval_scores(q, k, candidate_sets(len(evaluation), 0))
+        predicted = head(features_of(backbone, [e["text"] for e in evaluation], pooling)).argmax(-1).cpu()
+        return {"accuracy": float((predicted == torch.tensor([e["label"] for e in evaluation])).float().mean())}
+
+
+@torch.no_grad()
+def frozen_retrieval(backbone, data, pooling):
+    """Retrieval with the pooled states as they come out of pretraining: no training at all."""
+    evaluation = data["eval"]
+    q = features_of(backbone, [e["text"] for e in evaluation], pooling).cpu().numpy()
+    k = features_of(backbone, [e["next"] for e in evaluation], pooling).cpu().numpy()
+    return retrieval_scores(q, k, candidate_sets(len(evaluation), 0))
+
+
+def check_config(config):
+    if config["task"] not in TASKS:
+        raise UserError(f"unknown --task={config['task']}: choose one of {', '.join(TASKS)}")
+    if config["mode"] not in MODES:
+        raise UserError(f"unknown --mode={config['mode']}: choose probe (head only) or full (everything)")
+    for key in ("seeds", "steps", "probe_steps", "batch_size"):
+        if config[key] < 1:
+            raise UserError(f"--{key} must be at least 1, got {config[key]}")
+    for key in ("learning_rate", "head_learning_rate", "temperature"):
+        if not config[key] > 0:
+            raise UserError(f"--{key} must be positive, got {config[key]}")
+    check_seed(config["seed"])
+
+
+def mean_std(values):
+    return float(np.mean(values)), (float(np.std(values, ddof=1)) if len(values) > 1 else None)
+
+
+def format_metric(values):
+    mean, std = mean_std(values)
+    return f"{100 * mean:.1f}" + ("" if std is None else f" +- {100 * std:.1f}")
+
+
+# ----------------------------------------------------------------------------- the study: every arch x task x mode
+
+STUDY_SCALES = {  # which study.py checkpoints (and their context, the longest example), and the fine-tuning budget
+    "cpu": dict(seeds=3, steps=300, probe_steps=600, max_chars=64, limits={"train": 3000, "eval": 1000}),
+    "gpu": dict(seeds=5, steps=2000, probe_steps=2000, max_chars=256, limits={"train": 20000, "eval": 2000}),
+    # quick: the 32-token models read the first half of 64-character examples (a smoke run)
+    "quick": dict(seeds=1, steps=3, probe_steps=5, max_chars=64, limits={"train": 64, "eval": 120}),
+}
+READERS = [("gpt", "last"), ("gpt", "mean"), ("bert", "mean"), ("prefixlm", "mean"), ("t5", "mean"),
+           ("diffusion", "mean")]  # (study model, pooling)
+
+
+def study_backbones(config, scale, device):
+    """The study's equal-FLOPs checkpoints of gpt, bert, prefixlm, t5 and diffusion: reused when study.py (or an
+    earlier --study) left them finished in out_dir/checkpoints, else trained now with study.py's own code."""
+    import study as equal_compute
+    s = equal_compute.SCALES[scale]
+    _, meta = load_dataset(config["dataset"], s["block_size"], prepare_if_missing=True)
+    budget = equal_compute.flops_budget(s, meta)
+    prefix = os.path.join(config["out_dir"], "checkpoints", scale)
+    wanted = [m for m in equal_compute.MODELS if m[0] in {name for name, _ in READERS}]
+    missing = []
+    for model in wanted:
+        path = os.path.join(f"{prefix}-{model[0]}", "ckpt.pt")
+        if not os.path.exists(path) or torch.load(path, map_location="cpu", weights_only=False)["flops_done"] < budget:
+            missing.append(model)
+    if missing:
+        print(f"[finetune study] pretraining {', '.join(m[0] for m in missing)} at equal FLOPs (study.py, scale "
+              f"{scale}); the others are reused from {prefix}-*", flush=True)
+        trained, _ = equal_compute.train_all(missing, s, config["dataset"], prefix, device, meta, config["seed"], True)
+        if trained is None:
+            raise KeyboardInterrupt
+    return {model[0]: f"{prefix}-{model[0]}" for model in wanted}
+
+
+def study(config):
+    scale = "quick" if config["quick"] else config["scale"]
+    if scale not in STUDY_SCALES:
+        raise UserError(f"unknown --scale={scale}: {', '.join(k for k in STUDY_SCALES if k != 'quick')} (or --quick)")
+    check_seed(config["seed"])
+    settings = dict(STUDY_SCALES[scale], scale=scale, seed=config["seed"], dataset=config["dataset"],
+                    batch_size=config["batch_size"], learning_rate=config["learning_rate"],
+                    head_learning_rate=config["head_learning_rate"], temperature=config["temperature"])
+    run = dict(config, **{k: settings[k] for k in ("steps", "probe_steps")})
+    device = pick_device(config["device"])
+    texts = read_texts(config["dataset"])
+    t0 = time.perf_counter()
+    folders = study_backbones(config, scale, device)
+    json_path = os.path.join(config["out_dir"], f"finetune-{scale}.json")
+    data = {"settings": settings, "device": device, "cells": [], "baselines": {}, "frozen": [], "examples": {}}
+    if os.path.exists(json_path) and not config["fresh"]:
+        with open(json_path) as f:
+            previous = json.load(f)
+        if previous.get("settings") == settings:
+            data = previous
+            print(f"reusing {len(data['cells'])} finished cells from {json_path} (--fresh=True to start over)")
+    done = {(c["task"], c["reader"], c["mode"], c["seed"]) for c in data["cells"]}
+    seeds = [config["seed"] + k for k in range(settings["seeds"])]
+    plan = [(task, name, pooling, mode, seed) for task in TASKS for name, pooling in READERS for mode in MODES
+            for seed in seeds if (task, f"{name} ({pooling})", mode, seed) not in done]
+    os.makedirs(config["out_dir"], exist_ok=True)
+    tasks, cell_seconds = {}, []
+    try:
+        with StopSignals(immediate=True) as stop:
+            for number, (task, name, pooling, mode, seed) in enumerate(plan):
+                if task not in tasks:  # the same examples for every reader; baselines once per task
+                    tasks[task] = make_task(task, texts, settings["max_chars"], config["seed"], settings["limits"])
+                    data["baselines"][task] = baselines(task, tasks[task])
+                    data["examples"][task] = {"train": len(tasks[task]["train"]), "eval": len(tasks[task]["eval"]),
+                                              "classes": tasks[task]["classes"]}
+                reader = f"{name} ({pooling})"
+                backbone = Backbone(folders[name], device)  # fresh weights: full mode changes them
+                if task == "retrieval" and not any(f["reader"] == reader for f in data["frozen"]):
+                    data["frozen"].append({"reader": reader, **frozen_retrieval(backbone, tasks[task], pooling)})
+                left = f", ~{format_duration(np.mean(cell_seconds) * (len(plan) - number))} left" if cell_seconds else ""
+                print(f"[finetune study] {number + 1}/{len(plan)}: {task}, {reader}, {mode}, seed {seed}{left}",
+                      flush=True)
+                started = time.perf_counter()
+                scores = run_cell(backbone, task, mode, pooling, tasks[task], seed, run, stop)
+                cell_seconds.append(time.perf_counter() - started)
+                data["cells"].append({"task": task, "reader": reader, "mode": mode, "seed": seed,
+                                      "seconds": cell_seconds[-1], **scores})
+                write_json(json_path, data)
+    except KeyboardInterrupt:
+        print(f"interrupted: {len(data['cells'])} cells kept in {json_path}; rerun the same command to go on")
+    data["seconds"] = time.perf_counter() - t0
+    write_json(json_path, data)
+    text = study_report(data, scale)
+    print("\n" + text)
+    with open(os.path.join(config["out_dir"], f"finetune-{scale}.md"), "w") as f:
+        f.write(text + "\n")
+    study_plot(data, os.path.join(config["out_dir"], f"finetune-{scale}.png"))
+
+
+def write_json(path, data):
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+METRIC = {"speaker": "accuracy", "tampered": "accuracy", "retrieval": "recall@1"}
+
+
+def study_report(data, scale):
+    s = data["settings"]
+    readers = [f"{name} ({pooling})" for name, pooling in READERS]
+    lines = [f"Fine-tuning the study's equal-FLOPs checkpoints (scale `{scale}`), {s['seeds']} seeds (mean +- std, "
+             f"in %), full: {s['steps']} steps of batch {s['batch_size']} at learning rate {s['learning_rate']} "
+             f"(head {s['head_learning_rate']}); probe: {s['probe_steps']} head-only steps on frozen features. "
+             f"Device {data['device']}; this run {data.get('seconds', 0) / 60:.1f} min (pretraining included when "
+             f"it happened).", "",
+             "| task (metric) | mode | " + " | ".join(readers) + " |", "|---|---|" + "---|" * len(readers)]
+    for task in TASKS:
+        metrics = [METRIC[task]] + (["mrr"] if task == "retrieval" else [])
+        for metric in metrics:
+            modes = (["frozen"] if task == "retrieval" else []) + list(MODES)
+            for mode in modes:
+                cells = []
+                for reader in readers:
+                    if mode == "frozen":
+                        values = [f[metric] for f in data["frozen"] if f["reader"] == reader]
+                    else:
+                        values = [c[metric] for c in data["cells"] if (c["task"], c["reader"], c["mode"]) ==
+                                  (task, reader, mode)]
+                    cells.append(format_metric(values) if values else "-")
+                lines.append(f"| {task} ({metric}) | {mode} | " + " | ".join(cells) + " |")
+    lines += ["", "Baselines under the same scoring (no model):", ""]
+    for task, rules in data["baselines"].items():
+        examples = data["examples"][task]
+        lines.append(f"- {task} ({examples['train']} training / {examples['eval']} evaluation examples"
+                     + (f", {len(examples['classes'])} classes" if examples["classes"] else "") + "): " +
+                     "; ".join(f"{rule} " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in scores.items())
+                               for rule, scores in rules.items()))
+    return "\n".join(lines)
+
+
+def study_plot(data, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    readers = [f"{name} ({pooling})" for name, pooling in READERS]
+    fig, axes = plt.subplots(1, len(TASKS), figsize=(15, 4.5))
+    for axis, task in zip(axes, TASKS):
+        metric = METRIC[task]
+        for offset, mode in zip((-0.2, 0.2), MODES):
+            values = [[c[metric] for c in data["cells"] if (c["task"], c["reader"], c["mode"]) == (task, r, mode)]
+                      for r in readers]
+            means = [100 * np.mean(v) if v else 0 for v in values]
+            errors = [100 * np.std(v, ddof=1) if len(v) > 1 else 0 for v in values]
+            axis.bar(np.arange(len(readers)) + offset, means, 0.4, yerr=errors, label=mode, capsize=3)
+        for number, (rule, scores) in enumerate(data["baselines"].get(task, {}).items()):
+            axis.axhline(100 * scores[metric], linestyle=(":", "--")[number % 2], color="grey", label=rule)
+        axis.set_xticks(np.arange(len(readers)), readers, rotation=35, ha="right", fontsize=8)
+        axis.set_title(f"{task} ({metric}, %)")
+        axis.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+# ----------------------------------------------------------------------------- one checkpoint, one task
+
+LIMITS = {"train": 4000, "eval": 1000}
+
+
+def main():
+    config = apply_overrides(DEFAULTS, sys.argv[1:])
+    if config["study"] or config["quick"]:
+        return study(config)
+    check_config(config)
+    if not config["init_from"]:
+        raise UserError("--init_from=<out_dir of train.py, or a published model> is needed (or --study)")
+    device = pick_device(config["device"])
+    texts = read_texts(config["dataset"])  # before the model: a bad dataset costs nothing
+    backbone = Backbone(config["init_from"], device)
+    pooling = resolve_pooling(config["pooling"], backbone.arch)
+    data = make_task(config["task"], texts, backbone.model.config.block_size, config["seed"], LIMITS)
+    print(f"{config['task']}: {len(data['train'])} training and {len(data['eval'])} evaluation examples; "
+          f"{backbone.arch} ({backbone.objective}), {pooling} pooling, --mode={config['mode']}", flush=True)
+    for name, scores in baselines(config["task"], data).items():
+        print(f"  baseline, {name}: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in scores.items()))
+    if config["task"] == "retrieval":
+        scores = frozen_retrieval(backbone, data, pooling)
+        print("  frozen pooled states, no training: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in scores.items()))
+    results, t0 = [], time.perf_counter()
+    with StopSignals(immediate=True) as stop:
+        try:
+            for k in range(config["seeds"]):
+                seed = config["seed"] + k
+                fresh = Backbone(config["init_from"], device) if k else backbone  # full mode changes the weights
+                started = time.perf_counter()
+                scores = run_cell(fresh, config["task"], config["mode"], pooling, data, seed, config, stop)
+                results.append(scores)
+                left = (time.perf_counter() - t0) / (k + 1) * (config["seeds"] - k - 1)
+                print(f"  seed {seed}: " + ", ".join(f"{k_} {100 * v:.1f}%" for k_, v in scores.items()) +
+                      f" ({time.perf_counter() - started:.1f} s" + (f", ~{format_duration(left)} left)" if left else ")"),
+                      flush=True)
+        except KeyboardInterrupt:
+            print(f"interrupted after {len(results)} of {config['seeds']} seeds", flush=True)
+    if results:
+        print(f"{config['task']}, {backbone.arch}, {config['mode']}, {len(results)} seed(s): " +
+              ", ".join(f"{key} {format_metric([r[key] for r in results])}%" for key in results[0]) +
+              f"; {time.perf_counter() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    run_main(main)

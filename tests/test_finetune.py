@@ -1,0 +1,182 @@
+"""Fine-tuning (finetune.py, tasks.py; claims B2, E3, F3, X1): the tasks do not leak, the probe leaves the
+backbone untouched, each pooling reads what it says, and the command fails in one line."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import finetune as FT
+import tasks as TK
+from conftest import run_script, tiny_args
+from model import ModelConfig, Transformer
+
+
+@pytest.fixture(scope="module")
+def texts(char_dataset):
+    return TK.read_texts(char_dataset)
+
+
+@pytest.mark.parametrize("task", TK.TASKS)
+def test_training_and_evaluation_examples_come_from_disjoint_parts_of_the_text(task, texts):
+    data = TK.make_task(task, texts, 64, 0, {"train": 10 ** 6, "eval": 10 ** 6})
+    train_starts = {e["start"] for e in data["train"]}
+    eval_starts = {e["start"] for e in data["eval"]}
+    assert data["train"] and data["eval"] and not train_starts & eval_starts
+    if task == "speaker":  # whole chunks of the training split: every fifth for evaluation
+        chunk = lambda start: (start // TK.CHUNK) % TK.EVAL_EVERY  # noqa: E731
+        assert {chunk(s) for s in eval_starts} == {TK.EVAL_EVERY - 1}
+        assert TK.EVAL_EVERY - 1 not in {chunk(s) for s in train_starts}
+        assert max(eval_starts) < texts["val_offset"]
+    else:  # training from the training split, evaluation from the validation split
+        assert max(train_starts) < texts["val_offset"] <= min(eval_starts)
+    key = (lambda e: (e["text"], e["next"])) if task == "retrieval" else (lambda e: e["text"])
+    assert not {key(e) for e in data["train"]} & {key(e) for e in data["eval"]}  # no example in both
+    for e in data["eval"][:50]:  # evaluation text is validation text (or, for speakers, its own chunk)
+        source = texts["val"] if task != "speaker" else texts["train"]
+        assert all(line in source for line in e["text"].split("\n"))
+        if task == "speaker":
+            start = e["start"] - (0 if task == "speaker" else texts["val_offset"])
+            assert texts["train"][start:start + 200].split("\n", 1)[1].startswith(e["text"][:30])
+
+
+def test_tampered_labels_are_balanced_and_the_tampering_is_a_foreign_line(texts):
+    data = TK.make_task("tampered", texts, 64, 0, {"train": 10 ** 6, "eval": 10 ** 6})
+    for part in ("train", "eval"):
+        labels = [e["label"] for e in data[part]]
+        assert labels.count(0) == labels.count(1) > 0
+    source = texts["train"]
+    intact = [e for e in data["train"] if e["label"] == 0]
+    tampered = [e for e in data["train"] if e["label"] == 1]
+    assert all(e["text"] in source for e in intact)  # intact passages are verbatim text
+    assert sum(e["text"] in source for e in tampered) <= 0.02 * len(tampered)  # tampered ones are not
+    assert all(len(e["text"]) <= 64 and e["text"].count("\n") >= 1 for e in data["train"])
+
+
+def test_the_ngram_baseline_and_retrieval_scores_are_computed_as_stated():
+    texts = ["the king", "the queen", "a horse"]
+    x = TK.ngram_features(texts)
+    assert np.allclose(np.linalg.norm(x, axis=1), 1)
+    assert x[0] @ x[1] > x[0] @ x[2]  # shared n-grams, higher cosine
+    sets = TK.candidate_sets(150, 0)
+    assert (sets[:, 0] == np.arange(150)).all() and all(len(set(row)) == TK.CANDIDATES for row in sets)
+    assert all(i not in row[1:] for i, row in enumerate(sets))
+    rng = np.random.default_rng(0)
+    keys = rng.normal(size=(150, 8))
+    perfect = TK.retrieval_scores(keys, keys, sets)
+    assert perfect == {"recall@1": 1.0, "mrr": 1.0}
+    random_scores = TK.retrieval_scores(rng.normal(size=(150, 8)), keys, sets)
+    assert random_scores["recall@1"] < 0.1
+
+
+def tiny(arch, **kw):
+    torch.manual_seed(0)
+    layers = dict(n_layer=1, n_decoder_layer=1) if arch == "t5" else dict(n_layer=2)
+    return Transformer(ModelConfig(arch=arch, vocab_size=30, block_size=24, n_head=2, n_embd=16, **layers, **kw)).eval()
+
+
+def test_gpt_last_position_reads_everything_and_its_first_position_reads_only_itself():
+    model = tiny("gpt")
+    ids = torch.randint(0, 30, (3, 12), generator=torch.Generator().manual_seed(1))
+    lengths = torch.full((3,), 12)
+    changed = ids.clone()
+    changed[:, -1] = (ids[:, -1] + 1) % 30
+    with torch.no_grad():
+        last, last_changed = (FT.pooled_features(model, x, lengths, "last") for x in (ids, changed))
+        assert (last - last_changed).abs().max() > 1e-3  # the last position has read the last token
+        hidden, hidden_changed = model.run_stack(ids), model.run_stack(changed)
+        assert torch.equal(hidden[:, 0], hidden_changed[:, 0])  # what mean pooling averages in: blind to it
+        mean, mean_changed = (FT.pooled_features(model, x, lengths, "mean") for x in (ids, changed))
+        assert (mean - mean_changed).abs().max() > 1e-4
+        bert = tiny("bert")  # the contrast: a bidirectional first position does read the last token
+        assert (bert.run_stack(ids)[:, 0] - bert.run_stack(changed)[:, 0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("arch, pooling", [("gpt", "last"), ("gpt", "mean"), ("bert", "mean"), ("prefixlm", "mean"),
+                                           ("t5", "mean")])
+def test_padding_is_never_read(arch, pooling):
+    """An input's pooled vector is the same alone and right-padded in a batch with a longer input."""
+    model = tiny(arch)
+    short = torch.randint(1, 30, (1, 7), generator=torch.Generator().manual_seed(2))
+    longer = torch.randint(1, 30, (1, 15), generator=torch.Generator().manual_seed(3))
+    batch = torch.zeros(2, 15, dtype=torch.long)
+    batch[0, :7], batch[1] = short[0], longer[0]
+    with torch.no_grad():
+        alone = FT.pooled_features(model, short, torch.tensor([7]), pooling)
+        padded = FT.pooled_features(model, batch, torch.tensor([7, 15]), pooling)
+    assert (alone[0] - padded[0]).abs().max() < 1e-5
+
+
+@pytest.fixture(scope="module")
+def gpt_checkpoint(char_dataset, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ft") / "out-gpt"
+    result = run_script("train.py", *tiny_args(char_dataset, str(out), max_iters=10))
+    assert result.returncode == 0, result.stderr[-2000:]
+    return str(out)
+
+
+@pytest.mark.parametrize("task", ["speaker", "retrieval"])
+def test_probe_leaves_the_backbone_bit_identical_and_full_changes_it(task, gpt_checkpoint, texts):
+    config = dict(FT.DEFAULTS, steps=3, probe_steps=5)
+    data = TK.make_task(task, texts, 32, 0, {"train": 64, "eval": 120})
+    for mode in ("probe", "full"):
+        backbone = FT.Backbone(gpt_checkpoint, "cpu")
+        before = {k: v.clone() for k, v in backbone.model.state_dict().items()}
+        scores = FT.run_cell(backbone, task, mode, "last", data, 0, config, stop=False)
+        assert all(0 <= v <= 1 for v in scores.values())
+        after = backbone.model.state_dict()
+        identical = all(torch.equal(before[k], after[k]) for k in before)
+        assert identical == (mode == "probe")
+
+
+def test_quick_study_runs_every_task_reader_and_mode(char_dataset, tmp_path):
+    result = run_script("finetune.py", "--study", "--quick", f"--dataset={char_dataset}", f"--out_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads((tmp_path / "finetune-quick.json").read_text())
+    cells = {(c["task"], c["reader"], c["mode"]) for c in data["cells"]}
+    assert len(cells) == len(TK.TASKS) * len(FT.READERS) * len(FT.MODES)
+    assert set(data["baselines"]) == set(TK.TASKS) and len(data["frozen"]) == len(FT.READERS)
+    text = (tmp_path / "finetune-quick.md").read_text()
+    assert "majority class" in text and "character n-gram" in text
+    again = run_script("finetune.py", "--study", "--quick", f"--dataset={char_dataset}", f"--out_dir={tmp_path}")
+    assert again.returncode == 0 and f"reusing {len(data['cells'])} finished cells" in again.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--task=sentiment"], "unknown --task=sentiment: choose one of speaker, tampered, retrieval"),
+    (["--mode=lora"], "unknown --mode=lora"),
+    (["--init_from=/nonexistent/out-gpt"], "no such folder"),
+    (["--seeds=0"], "--seeds must be at least 1"),
+])
+def test_bad_arguments_end_in_one_line(args, message, gpt_checkpoint):
+    full = [f"--init_from={gpt_checkpoint}"] + args if not any(a.startswith("--init_from") for a in args) else args
+    result = run_script("finetune.py", *full)
+    assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_a_folder_without_checkpoint_and_a_wrong_arch_pooling_end_in_one_line(tmp_path, char_dataset):
+    (tmp_path / "empty").mkdir()
+    result = run_script("finetune.py", f"--init_from={tmp_path / 'empty'}", f"--dataset={char_dataset}")
+    assert result.returncode == 2 and "holds no ckpt.pt" in result.stderr and "Traceback" not in result.stderr
+    out = tmp_path / "out-bert"
+    assert run_script("train.py", *tiny_args(char_dataset, str(out), arch="bert", max_iters=5)).returncode == 0
+    result = run_script("finetune.py", f"--init_from={out}", "--pooling=last", f"--dataset={char_dataset}")
+    assert result.returncode == 2 and "--pooling=last is for a causal model" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_finetune_a_published_bert_folder(tmp_path, char_dataset):
+    """finetune.py --init_from=<save_pretrained folder>: the published model reads the task in its own tokens."""
+    transformers = pytest.importorskip("transformers")
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + "the king and queen of my lord i you".split()
+    folder = tmp_path / "bert"
+    transformers.BertForMaskedLM(transformers.BertConfig(
+        num_hidden_layers=1, num_attention_heads=2, hidden_size=16, intermediate_size=32, vocab_size=len(words),
+        max_position_embeddings=128)).save_pretrained(folder)
+    transformers.BertTokenizer(vocab={w: i for i, w in enumerate(words)}).save_pretrained(folder)
+    result = run_script("finetune.py", f"--init_from={folder}", "--task=speaker", "--probe_steps=5",
+                        f"--dataset={char_dataset}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "bert (pretrained), mean pooling" in result.stdout and "accuracy" in result.stdout.splitlines()[-1]
