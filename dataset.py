@@ -23,7 +23,8 @@ def load_dataset(name, block_size, prepare_if_missing):
     folder = name if os.sep in name else os.path.join(DATA_DIR, name)
     if not os.path.isdir(folder):
         known = sorted(d for d in os.listdir(DATA_DIR) if os.path.isfile(os.path.join(DATA_DIR, d, "prepare.py")))
-        raise UserError(f"unknown --dataset={name}: choose one of {', '.join(known)} (folders of data/)")
+        raise UserError(f"unknown --dataset={name}: choose one of {', '.join(known)} (folders of data/), or make a "
+                        f"published model's with python data/shakespeare/prepare.py --tokenizer=<its name>")
     meta_path = os.path.join(folder, "meta.pkl")
     prepare_script = os.path.join(folder, "prepare.py")
     if not os.path.exists(meta_path) and prepare_if_missing and os.path.exists(prepare_script):

@@ -143,15 +143,22 @@ def summarise(runs, s):
                 stats = {key: mean_std([r[key] for r in rows]) for key in ("bits_val", "bits_train", "chain_bits_val")}
                 table.setdefault(name, {})[epochs] = dict(stats, seeds=len(rows))
     best = {name: min(curve, key=lambda e: curve[e]["bits_val"][0]) for name, curve in table.items()}
-    # the crossover: the first epoch count from which diffusion's held-out bound stays below the better gpt's NLL
-    # at every larger epoch count measured (one lucky point does not make a crossover)
-    crossover = None
+    # the crossover: the first epoch count from which diffusion's held-out bound stays below the better gpt's NLL,
+    # by more than both seed spreads, at every larger epoch count measured and at two counts at least (one lucky
+    # point does not make a crossover)
+    crossover, below = None, 0
     if "diffusion" in table:
         for epochs in reversed(s["epochs"]):
-            gpts = [table[g][epochs]["bits_val"][0] for g in ("gpt", "gpt, dropout 0.2") if epochs in table.get(g, {})]
-            if epochs not in table["diffusion"] or not gpts or table["diffusion"][epochs]["bits_val"][0] >= min(gpts):
+            gpts = [table[g][epochs]["bits_val"] for g in ("gpt", "gpt, dropout 0.2") if epochs in table.get(g, {})]
+            if epochs not in table["diffusion"] or not gpts:
                 break
-            crossover = epochs
+            diffusion_mean, diffusion_std = table["diffusion"][epochs]["bits_val"]
+            gpt_mean, gpt_std = min(gpts)
+            if diffusion_mean + (diffusion_std or 0) >= gpt_mean - (gpt_std or 0):
+                break
+            crossover, below = epochs, below + 1
+        if below < 2:
+            crossover = None
     return table, best, crossover
 
 
@@ -180,8 +187,14 @@ def report(data, s, scale):
         lines.append("Best epoch count per objective (lowest held-out mean): " +
                      ", ".join(f"{n} {best[n]} ({table[n][best[n]]['bits_val'][0]:.3f})" for n in table) + ".")
     lines.append(f"Crossover (the first epoch count from which diffusion's held-out ELBO stays below the better gpt's "
-                 f"exact NLL): "
+                 f"exact NLL by more than both seed spreads, at two epoch counts at least): "
                  f"{crossover if crossover is not None else 'none in this range'}.")
+    floor = data["character_frequency_bits"]
+    near_floor = [n for n in table if table[n][best[n]]["bits_val"][0] > floor - 0.1]
+    if near_floor:
+        lines.append(f"Never more than 0.1 bit below the character-frequency level at any epoch count: "
+                     f"{', '.join(near_floor)}: at this scale these objectives learned next to nothing beyond "
+                     f"character frequencies, so the comparison says little about them.")
     if data.get("not_done"):
         lines += ["", f"**Interrupted: {len(data['not_done'])} runs not done (rerun the same command to finish).**"]
     return "\n".join(lines), table, best
@@ -244,6 +257,8 @@ def main():
         if previous.get("settings") == settings:
             runs = previous["runs"]
             print(f"reusing {len(runs)} finished runs from {json_path} (--fresh=True to start over)", flush=True)
+        else:
+            print(f"{json_path} holds runs of other settings: starting over (they are replaced)", flush=True)
     plan = [(series, epochs, config["seed"] + k) for k in range(s["seeds"]) for epochs in s["epochs"]
             for series in SERIES]
     done = {(r["series"], r["epochs"], r["seed"]) for r in runs}

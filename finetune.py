@@ -26,6 +26,7 @@ and less of the input.
 1-3-gram logistic regression (numpy); for retrieval chance and n-gram cosine similarity.
 """
 import json
+import math
 import os
 import sys
 import time
@@ -38,7 +39,7 @@ from checkpoint import load_model
 from configurator import UserError, apply_overrides, check_seed, pick_device, run_main
 from dataset import load_dataset
 from progress import StopSignals, format_duration
-from tasks import TASKS, baselines, candidate_sets, make_task, read_texts, retrieval_scores
+from tasks import CANDIDATES, TASKS, baselines, candidate_sets, make_task, read_texts, retrieval_scores
 
 DEFAULTS = dict(
     init_from="",            # a train.py out_dir (its ckpt.pt), or a published name / save_pretrained folder
@@ -46,7 +47,7 @@ DEFAULTS = dict(
     mode="probe",            # probe (head only, backbone frozen) | full (everything)
     pooling="auto",          # auto (gpt: last, the others: mean) | last (causal models only) | mean
     dataset="shakespeare_char",  # the text the tasks are made from (char-level, prepared)
-    seed=1337, seeds=1,      # seeds seed, seed+1, ...: head init and example order
+    seed=1337, seeds=1,      # seeds seed, seed+1, ...: the head's initialisation and the order of training examples
     steps=300,               # full fine-tuning steps
     probe_steps=600,         # head-only steps on cached features
     batch_size=32, learning_rate=3e-4, head_learning_rate=3e-3, temperature=0.05,  # temperature: contrastive loss
@@ -74,14 +75,22 @@ class Backbone:
             self.objective = checkpoint["config"].get("objective")
         elif published:  # a hub name or a save_pretrained folder (pretrained.py; needs transformers)
             from pretrained import load_for_sampling
-            self.model, self.tokenizer, specials = load_for_sampling(init_from, device)
+            try:
+                self.model, self.tokenizer, specials = load_for_sampling(init_from, device)
+            except UserError as e:
+                if os.path.exists(init_from) or "/" in init_from:
+                    raise
+                raise UserError(f"{e}; nor is there a folder {init_from} here (a train.py out_dir: train first)") from None
             self.pad, self.objective = specials.pad, "pretrained"
+            if self.model.config.arch == "bert":  # BERT read [CLS] text [SEP] in pretraining
+                self.suffix = [self.tokenizer.hf.sep_token_id]
         elif os.path.isdir(init_from):
             raise UserError(f"--init_from={init_from} holds no ckpt.pt (a train.py out_dir) and no config.json (a "
                             f"save_pretrained folder): train first (python train.py --out_dir={init_from} ...)")
         else:
             raise UserError(f"--init_from={init_from}: no such folder; pass a train.py out_dir")
         self.arch, self.device = self.model.config.arch, device
+        self.suffix = getattr(self, "suffix", [])
 
     def encode(self, texts):
         """Right-padded ids (B, T) and lengths (B,), each text cut to the model's context."""
@@ -89,7 +98,8 @@ class Backbone:
         for text in texts:
             if hasattr(self.tokenizer, "stoi"):  # a char-level checkpoint of another text: drop unknown characters
                 text = "".join(ch for ch in text if ch in self.tokenizer.stoi)
-            rows.append(self.tokenizer.encode(text)[:self.model.config.block_size])
+            ids = self.tokenizer.encode(text)[:self.model.config.block_size - len(self.suffix)]
+            rows.append(ids + self.suffix)
         lengths = torch.tensor([max(1, len(r)) for r in rows])
         ids = torch.full((len(rows), int(lengths.max())), self.pad, dtype=torch.long)
         for i, r in enumerate(rows):
@@ -149,8 +159,8 @@ def run_cell(backbone, task, mode, pooling, data, seed, config, stop):
         head = torch.nn.Linear(n_embd, n_embd, bias=False)
         torch.nn.init.eye_(head.weight)
     else:
-        head = torch.nn.Linear(n_embd, len(data["classes"]))
-        torch.nn.init.zeros_(head.weight)
+        head = torch.nn.Linear(n_embd, len(data["classes"]))  # its initialisation differs per seed
+        torch.nn.init.normal_(head.weight, std=0.02, generator=generator)
         torch.nn.init.zeros_(head.bias)
     head = head.to(backbone.device)
     train = data["train"]
@@ -173,7 +183,8 @@ def run_cell(backbone, task, mode, pooling, data, seed, config, stop):
     for step in range(steps):
         if stop:
             raise KeyboardInterrupt
-        index = torch.randint(0, len(train), (min(config["batch_size"], len(train)),), generator=generator)
+        # without replacement: a pair twice in one batch would be its own in-batch negative
+        index = torch.randperm(len(train), generator=generator)[:config["batch_size"]]
         if mode == "probe":
             inputs = {key: values[index.to(values.device)] for key, values in cached.items()}
         else:
@@ -193,7 +204,7 @@ def run_cell(backbone, task, mode, pooling, data, seed, config, stop):
         if task == "retrieval":
             q = head(features_of(backbone, [e["text"] for e in evaluation], pooling)).cpu().numpy()
             k = head(features_of(backbone, [e["next"] for e in evaluation], pooling)).cpu().numpy()
-            return retrieval_scores(q, k, candidate_sets(len(evaluation), 0))
+            return retrieval_scores(q, k, candidate_sets(evaluation))
         predicted = head(features_of(backbone, [e["text"] for e in evaluation], pooling)).argmax(-1).cpu()
         return {"accuracy": float((predicted == torch.tensor([e["label"] for e in evaluation])).float().mean())}
 
@@ -204,7 +215,7 @@ def frozen_retrieval(backbone, data, pooling):
     evaluation = data["eval"]
     q = features_of(backbone, [e["text"] for e in evaluation], pooling).cpu().numpy()
     k = features_of(backbone, [e["next"] for e in evaluation], pooling).cpu().numpy()
-    return retrieval_scores(q, k, candidate_sets(len(evaluation), 0))
+    return retrieval_scores(q, k, candidate_sets(evaluation))
 
 
 def check_config(config):
@@ -233,10 +244,11 @@ def format_metric(values):
 # ----------------------------------------------------------------------------- the study: every arch x task x mode
 
 STUDY_SCALES = {  # which study.py checkpoints (and their context, the longest example), and the fine-tuning budget
-    "cpu": dict(seeds=3, steps=300, probe_steps=600, max_chars=64, limits={"train": 3000, "eval": 1000}),
-    "gpu": dict(seeds=5, steps=2000, probe_steps=2000, max_chars=256, limits={"train": 20000, "eval": 2000}),
+    "cpu": dict(seeds=3, steps=300, probe_steps=600, max_chars=64, limits={"train": 3000, "eval": 1000, "min_eval": 100}),
+    "gpu": dict(seeds=5, steps=2000, probe_steps=2000, max_chars=256,
+                limits={"train": 20000, "eval": 2000, "min_eval": 100}),
     # quick: the 32-token models read the first half of 64-character examples (a smoke run)
-    "quick": dict(seeds=1, steps=3, probe_steps=5, max_chars=64, limits={"train": 64, "eval": 120}),
+    "quick": dict(seeds=1, steps=3, probe_steps=5, max_chars=64, limits={"train": 64, "eval": 120, "min_eval": 2}),
 }
 READERS = [("gpt", "last"), ("gpt", "mean"), ("bert", "mean"), ("prefixlm", "mean"), ("t5", "mean"),
            ("diffusion", "mean")]  # (study model, pooling)
@@ -260,16 +272,28 @@ def study_backbones(config, scale, device):
         print(f"[finetune study] pretraining {', '.join(m[0] for m in missing)} at equal FLOPs (study.py, scale "
               f"{scale}); the others are reused from {prefix}-*", flush=True)
         trained, _ = equal_compute.train_all(missing, s, config["dataset"], prefix, device, meta, config["seed"], True)
-        if trained is None:
-            raise KeyboardInterrupt
-    return {model[0]: f"{prefix}-{model[0]}" for model in wanted}
+        if trained is None:  # train_all said which checkpoints are finished; they are reused next time
+            raise UserError("interrupted while pretraining; rerun the same command to go on")
+    folders = {model[0]: f"{prefix}-{model[0]}" for model in wanted}
+    identities = {}  # which pretraining runs the results belong to: a retrained checkpoint invalidates them
+    for name, folder in folders.items():
+        checkpoint = torch.load(os.path.join(folder, "ckpt.pt"), map_location="cpu", weights_only=False)
+        identities[name] = {"iter_num": checkpoint["iter_num"], "seed": checkpoint["config"]["seed"],
+                            "final_val_loss": checkpoint["best_val_loss"],
+                            "written": int(os.path.getmtime(os.path.join(folder, "ckpt.pt")))}
+    return folders, identities
 
 
 def study(config):
     scale = "quick" if config["quick"] else config["scale"]
     if scale not in STUDY_SCALES:
         raise UserError(f"unknown --scale={scale}: {', '.join(k for k in STUDY_SCALES if k != 'quick')} (or --quick)")
-    check_seed(config["seed"])
+    one_run_only = [k for k in ("init_from", "task", "mode", "pooling", "seeds", "steps", "probe_steps")
+                    if config[k] != DEFAULTS[k]]
+    if one_run_only:
+        raise UserError(f"--{one_run_only[0]} is for one fine-tuning run; --study runs every task, mode and reader "
+                        f"with the scale's settings (STUDY_SCALES): drop it")
+    check_config(config)
     settings = dict(STUDY_SCALES[scale], scale=scale, seed=config["seed"], dataset=config["dataset"],
                     batch_size=config["batch_size"], learning_rate=config["learning_rate"],
                     head_learning_rate=config["head_learning_rate"], temperature=config["temperature"])
@@ -277,7 +301,7 @@ def study(config):
     device = pick_device(config["device"])
     texts = read_texts(config["dataset"])
     t0 = time.perf_counter()
-    folders = study_backbones(config, scale, device)
+    folders, settings["checkpoints"] = study_backbones(config, scale, device)
     json_path = os.path.join(config["out_dir"], f"finetune-{scale}.json")
     data = {"settings": settings, "device": device, "cells": [], "baselines": {}, "frozen": [], "examples": {}}
     if os.path.exists(json_path) and not config["fresh"]:
@@ -286,6 +310,10 @@ def study(config):
         if previous.get("settings") == settings:
             data = previous
             print(f"reusing {len(data['cells'])} finished cells from {json_path} (--fresh=True to start over)")
+        else:
+            print(f"{json_path} holds results of other settings or other pretrained checkpoints: starting over "
+                  f"(they are replaced)", flush=True)
+    seconds_before = data.get("seconds", 0.0)
     done = {(c["task"], c["reader"], c["mode"], c["seed"]) for c in data["cells"]}
     seeds = [config["seed"] + k for k in range(settings["seeds"])]
     plan = [(task, name, pooling, mode, seed) for task in TASKS for name, pooling in READERS for mode in MODES
@@ -315,7 +343,7 @@ def study(config):
                 write_json(json_path, data)
     except KeyboardInterrupt:
         print(f"interrupted: {len(data['cells'])} cells kept in {json_path}; rerun the same command to go on")
-    data["seconds"] = time.perf_counter() - t0
+    data["seconds"] = seconds_before + time.perf_counter() - t0
     write_json(json_path, data)
     text = study_report(data, scale)
     print("\n" + text)
@@ -336,11 +364,15 @@ METRIC = {"speaker": "accuracy", "tampered": "accuracy", "retrieval": "recall@1"
 def study_report(data, scale):
     s = data["settings"]
     readers = [f"{name} ({pooling})" for name, pooling in READERS]
-    lines = [f"Fine-tuning the study's equal-FLOPs checkpoints (scale `{scale}`), {s['seeds']} seeds (mean +- std, "
-             f"in %), full: {s['steps']} steps of batch {s['batch_size']} at learning rate {s['learning_rate']} "
-             f"(head {s['head_learning_rate']}); probe: {s['probe_steps']} head-only steps on frozen features. "
-             f"Device {data['device']}; this run {data.get('seconds', 0) / 60:.1f} min (pretraining included when "
-             f"it happened).", "",
+    lines = [f"Fine-tuning the study's equal-FLOPs checkpoints (scale `{scale}`; one pretraining run per arch), "
+             f"{s['seeds']} fine-tuning seeds (mean +- std in %; a seed sets the head's initialisation and the order "
+             f"of training examples, so the std does not include the pretraining run or the choice of evaluation "
+             f"examples, see the sampling error below). full: {s['steps']} steps of batch {s['batch_size']} at "
+             f"learning rate {s['learning_rate']} (head {s['head_learning_rate']}); probe: {s['probe_steps']} "
+             f"head-only steps on frozen features; retrieval's frozen row: the pooled states, untrained. Inputs of "
+             f"at most {s['max_chars']} characters. t5 reads with its encoder (half its layers). Device "
+             f"{data['device']}; {data.get('seconds', 0) / 60:.1f} min in all (pretraining included when it "
+             f"happened).", "",
              "| task (metric) | mode | " + " | ".join(readers) + " |", "|---|---|" + "---|" * len(readers)]
     for task in TASKS:
         metrics = [METRIC[task]] + (["mrr"] if task == "retrieval" else [])
@@ -356,13 +388,16 @@ def study_report(data, scale):
                                   (task, reader, mode)]
                     cells.append(format_metric(values) if values else "-")
                 lines.append(f"| {task} ({metric}) | {mode} | " + " | ".join(cells) + " |")
-    lines += ["", "Baselines under the same scoring (no model):", ""]
+    lines += ["", "Baselines under the same scoring (no model), and the evaluation set's own sampling error (95% "
+                  "binomial half-width at the majority-class accuracy, or at chance for retrieval):", ""]
     for task, rules in data["baselines"].items():
         examples = data["examples"][task]
+        p = rules["majority class"]["accuracy"] if "majority class" in rules else 1 / CANDIDATES
+        half_width = 1.96 * math.sqrt(p * (1 - p) / examples["eval"])
         lines.append(f"- {task} ({examples['train']} training / {examples['eval']} evaluation examples"
                      + (f", {len(examples['classes'])} classes" if examples["classes"] else "") + "): " +
                      "; ".join(f"{rule} " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in scores.items())
-                               for rule, scores in rules.items()))
+                               for rule, scores in rules.items()) + f"; sampling error +-{100 * half_width:.1f} points")
     return "\n".join(lines)
 
 
@@ -394,7 +429,7 @@ def study_plot(data, path):
 
 # ----------------------------------------------------------------------------- one checkpoint, one task
 
-LIMITS = {"train": 4000, "eval": 1000}
+LIMITS = {"train": 4000, "eval": 1000, "min_eval": 100}
 
 
 def main():

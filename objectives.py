@@ -39,11 +39,13 @@ class Specials:
     sentinels: list     # <S0>, <S1>, ... for span corruption
     modes: dict         # UL2 mode tokens: {"R": [NLU], "X": [NLG], "S": [S2S]}
     never_sampled: Optional[list] = None  # published vocabularies (pretrained.py): their special ids, wherever they sit
+    tokenizer_size: Optional[int] = None  # published: ids from here to the model's vocab_size are padding (T5: 28)
 
     def special_ids(self, vocab_size, device=None):
         """Ids a sampler must never emit: ours are everything from num_ordinary on."""
         if self.never_sampled is not None:
-            return torch.tensor(self.never_sampled, dtype=torch.long, device=device)
+            unused = list(range(self.tokenizer_size or vocab_size, vocab_size))
+            return torch.tensor(self.never_sampled + unused, dtype=torch.long, device=device)
         return torch.arange(self.num_ordinary, vocab_size, device=device)
 
     @classmethod
@@ -53,8 +55,9 @@ class Specials:
         s = meta["specials"]
         sentinels = [s[f"<S{i}>"] for i in range(meta["num_sentinels"])]
         modes = {mode: s[name] for mode, name in (("R", "[NLU]"), ("X", "[NLG]"), ("S", "[S2S]")) if name in s}
+        published = meta.get("never_sampled") is not None
         return cls(meta["num_ordinary"], s["[PAD]"], s["[EOS]"], s["[MASK]"], sentinels, modes,
-                   meta.get("never_sampled"))
+                   meta.get("never_sampled"), meta["vocab_size"] if published else None)
 
 
 @dataclass

@@ -374,7 +374,8 @@ class PublishedTokenizer:
         return Specials(num_ordinary=vocab_size, pad=hf.pad_token_id,
                         eos=hf.eos_token_id if hf.eos_token_id is not None else hf.sep_token_id,
                         mask=hf.mask_token_id if hf.mask_token_id is not None else hf.unk_token_id,
-                        sentinels=[], modes={}, never_sampled=[i for i in never if i is not None and i < vocab_size])
+                        sentinels=[], modes={}, never_sampled=[i for i in never if i is not None and i < vocab_size],
+                        tokenizer_size=len(hf))
 
 
 def load_for_sampling(name_or_folder, device):

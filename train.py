@@ -256,9 +256,15 @@ def train(config):
     splits, meta = processes.master_first(lambda: load_dataset(config["dataset"], config["block_size"],
                                                                prepare_if_missing=master))
     specials = objectives.Specials.from_meta(meta)
-    if config["objective"] == "ul2" and not specials.modes:
+    if config["objective"] == "ul2" and not specials.modes:  # a published vocabulary (pretrained.dataset_meta)
         raise UserError(f"--objective=ul2 needs UL2's mode tokens, which dataset {config['dataset']} "
                         f"({meta['tokenizer']}'s vocabulary) does not have: use span_corruption")
+    if config["objective"] in ("span_corruption", "ul2") and not specials.sentinels:
+        raise UserError(f"--objective={config['objective']} needs sentinel tokens, which dataset {config['dataset']} "
+                        f"({meta['tokenizer']}'s vocabulary) does not have: use a T5 or character/GPT-2 dataset")
+    if config["objective"] in ("mlm", "diffusion") and meta.get("tokenizer_family") == "t5":
+        raise UserError(f"--objective={config['objective']} needs a [MASK] token, which T5's vocabulary (dataset "
+                        f"{config['dataset']}) does not have: use span_corruption")
     if checkpoint is not None:
         check_resume(config, checkpoint, meta)
     dtype, autocast = precision(config, device)

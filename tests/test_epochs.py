@@ -97,6 +97,15 @@ def test_summary_finds_the_best_epoch_and_a_crossover_only_when_diffusion_stays_
     # diffusion below at 2 epochs only, above again later: no crossover
     runs = synthetic_runs({"gpt": {1: 3.0, 2: 2.5, 4: 2.4, 8: 2.3}, "diffusion": {1: 3.5, 2: 2.4, 4: 2.5, 8: 2.4}})
     assert E.summarise(runs, s)[2] is None
+    # below at the last epoch count only: one point is not a crossover
+    runs = synthetic_runs({"gpt": {1: 3.0, 2: 2.5, 4: 2.4, 8: 2.3}, "diffusion": {1: 3.5, 2: 2.6, 4: 2.5, 8: 2.2}})
+    assert E.summarise(runs, s)[2] is None
+    # below by less than the seed spread: not a crossover either
+    runs = synthetic_runs({"gpt": {4: 2.4, 8: 2.3}, "diffusion": {4: 2.39, 8: 2.29}}, seeds=(1, 5))
+    assert E.summarise(runs, s)[2] is None
+    # the largest epoch count not measured yet (an interrupted run): no verdict
+    runs = synthetic_runs({"gpt": {1: 3.0, 2: 2.5, 4: 2.6, 8: 3.0}, "diffusion": {1: 3.5, 2: 2.0, 4: 2.0}})
+    assert E.summarise(runs, s)[2] is None
 
 
 def test_epochs_rejects_an_unknown_scale():

@@ -20,7 +20,7 @@ def texts(char_dataset):
 
 @pytest.mark.parametrize("task", TK.TASKS)
 def test_training_and_evaluation_examples_come_from_disjoint_parts_of_the_text(task, texts):
-    data = TK.make_task(task, texts, 64, 0, {"train": 10 ** 6, "eval": 10 ** 6})
+    data = TK.make_task(task, texts, 64, 0, {"train": 10 ** 6, "eval": 10 ** 6, "min_eval": 2})
     train_starts = {e["start"] for e in data["train"]}
     eval_starts = {e["start"] for e in data["eval"]}
     assert data["train"] and data["eval"] and not train_starts & eval_starts
@@ -28,21 +28,24 @@ def test_training_and_evaluation_examples_come_from_disjoint_parts_of_the_text(t
         chunk = lambda start: (start // TK.CHUNK) % TK.EVAL_EVERY  # noqa: E731
         assert {chunk(s) for s in eval_starts} == {TK.EVAL_EVERY - 1}
         assert TK.EVAL_EVERY - 1 not in {chunk(s) for s in train_starts}
-        assert max(eval_starts) < texts["val_offset"]
     else:  # training from the training split, evaluation from the validation split
         assert max(train_starts) < texts["val_offset"] <= min(eval_starts)
+    # the text itself: every example is found where its offset says (a header, then its lines), so the offsets
+    # above speak for the text, and no example is in both parts
+    whole = texts["train"] + texts["val"]
+    for part in ("train", "eval"):
+        for e in data[part][:300]:
+            speech = whole[e["start"]:].split("\n\n", 1)[0]
+            lines = e["text"].split("\n") + ([e["next"]] if task == "retrieval" else [])
+            if task == "tampered" and e["label"] == 1:
+                lines = lines[:1]  # its foreign line comes from elsewhere in the same split
+            assert all(line in speech for line in lines)
     key = (lambda e: (e["text"], e["next"])) if task == "retrieval" else (lambda e: e["text"])
-    assert not {key(e) for e in data["train"]} & {key(e) for e in data["eval"]}  # no example in both
-    for e in data["eval"][:50]:  # evaluation text is validation text (or, for speakers, its own chunk)
-        source = texts["val"] if task != "speaker" else texts["train"]
-        assert all(line in source for line in e["text"].split("\n"))
-        if task == "speaker":
-            start = e["start"] - (0 if task == "speaker" else texts["val_offset"])
-            assert texts["train"][start:start + 200].split("\n", 1)[1].startswith(e["text"][:30])
+    assert not {key(e) for e in data["train"]} & {key(e) for e in data["eval"]}
 
 
 def test_tampered_labels_are_balanced_and_the_tampering_is_a_foreign_line(texts):
-    data = TK.make_task("tampered", texts, 64, 0, {"train": 10 ** 6, "eval": 10 ** 6})
+    data = TK.make_task("tampered", texts, 64, 0, {"train": 10 ** 6, "eval": 10 ** 6, "min_eval": 2})
     for part in ("train", "eval"):
         labels = [e["label"] for e in data[part]]
         assert labels.count(0) == labels.count(1) > 0
@@ -59,15 +62,23 @@ def test_the_ngram_baseline_and_retrieval_scores_are_computed_as_stated():
     x = TK.ngram_features(texts)
     assert np.allclose(np.linalg.norm(x, axis=1), 1)
     assert x[0] @ x[1] > x[0] @ x[2]  # shared n-grams, higher cosine
-    sets = TK.candidate_sets(150, 0)
-    assert (sets[:, 0] == np.arange(150)).all() and all(len(set(row)) == TK.CANDIDATES for row in sets)
-    assert all(i not in row[1:] for i, row in enumerate(sets))
+    examples = [{"text": f"line {i}", "next": f"line {i + 1}"} for i in range(150)]  # overlapping pairs
+    examples += [{"text": "Ay.", "next": "My lord."}, {"text": "No.", "next": "My lord."}]
+    sets = TK.candidate_sets(examples)
+    assert (sets[:, 0] == np.arange(len(examples))).all() and all(len(set(row)) == TK.CANDIDATES for row in sets)
+    for i, row in enumerate(sets):  # never the query's own text, nor a copy of the right answer
+        assert all(examples[j]["next"] not in (examples[i]["text"], examples[i]["next"]) for j in row[1:])
     rng = np.random.default_rng(0)
-    keys = rng.normal(size=(150, 8))
-    perfect = TK.retrieval_scores(keys, keys, sets)
-    assert perfect == {"recall@1": 1.0, "mrr": 1.0}
-    random_scores = TK.retrieval_scores(rng.normal(size=(150, 8)), keys, sets)
-    assert random_scores["recall@1"] < 0.1
+    keys = rng.normal(size=(len(examples), 8))
+    assert TK.retrieval_scores(keys, keys, sets) == {"recall@1": 1.0, "mrr": 1.0}
+    assert TK.retrieval_scores(rng.normal(size=(len(examples), 8)), keys, sets)["recall@1"] < 0.1
+    collapsed = np.ones((len(examples), 8))  # every key the same: ties count against the model
+    assert TK.retrieval_scores(collapsed, collapsed, sets) == {"recall@1": 0.0, "mrr": 1 / TK.CANDIDATES}
+
+
+def test_speaker_labels_merge_one_character_under_two_headers(texts):
+    data = TK.make_task("speaker", texts, 64, 0, {"train": 10 ** 6, "eval": 10 ** 6, "min_eval": 2})
+    assert "KING RICHARD III" not in data["classes"] and len(data["classes"]) == TK.NUM_SPEAKERS
 
 
 def tiny(arch, **kw):
@@ -119,7 +130,7 @@ def gpt_checkpoint(char_dataset, tmp_path_factory):
 @pytest.mark.parametrize("task", ["speaker", "retrieval"])
 def test_probe_leaves_the_backbone_bit_identical_and_full_changes_it(task, gpt_checkpoint, texts):
     config = dict(FT.DEFAULTS, steps=3, probe_steps=5)
-    data = TK.make_task(task, texts, 32, 0, {"train": 64, "eval": 120})
+    data = TK.make_task(task, texts, 32, 0, {"train": 64, "eval": 120, "min_eval": 2})
     for mode in ("probe", "full"):
         backbone = FT.Backbone(gpt_checkpoint, "cpu")
         before = {k: v.clone() for k, v in backbone.model.state_dict().items()}
