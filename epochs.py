@@ -1,8 +1,8 @@
 """
-When data runs out (claim X2): repeat a small unique-data budget for 1..128 epochs and watch which objective
+When data runs out (claim X2): repeat a small unique-data budget for 1..512 epochs and watch which objective
 keeps improving on held-out text.
 
-    python epochs.py                 # CPU: the study's CPU model on the first 20,000 characters, ~40 minutes
+    python epochs.py                 # CPU: the study's CPU model on the first 10,000 characters, ~40 minutes
     python epochs.py --scale=gpu     # one GPU: the study's GPU model on the first 100,000 characters (not run here)
     python epochs.py --quick         # a smoke run in seconds (the test suite runs it)
 
@@ -12,10 +12,13 @@ overfits, while masked diffusion keeps improving for ~100 epochs and ends lower.
 - The unique data is the first `unique_chars` characters of the training split and nothing else: a dataset
   folder whose train.bin holds exactly those tokens (its val.bin is the whole, untouched validation split).
 - Every (objective, epochs, seed) is its own run, with the study's hyperparameters and a cosine schedule sized to
-  that run: a model trained for 4 epochs is a finished 4-epoch model, not the 4-epoch point of a 128-epoch run
-  still at its peak learning rate. The schedule 1, 2, 4, ... 128 costs 255 epochs per objective and seed, only
-  twice one long run. An epoch = unique_chars characters read; windows are drawn at random as in train.py, so
-  an epoch reads each character once *in expectation*.
+  that run: a model trained for 4 epochs is a finished 4-epoch model, not the 4-epoch point of a 512-epoch run
+  still at its peak learning rate. The doubling schedule costs twice one long run. An epoch = unique_chars
+  characters read; windows are drawn at random as in train.py, so an epoch reads each character once *in
+  expectation*. The masked objectives learn slowly (a long plateau at the character-frequency level, as in the
+  study), so they run to 512 epochs; gpt, overfit long before, to 256.
+- Seeds: two at every epoch count up to 16 and, once the first seed has run everywhere, at each objective's best
+  epoch count and at the crossover: the key points carry a spread, the expensive long runs one seed otherwise.
 - Scored on the same held-out windows with the study's common metric (study.second_half_bits, bits/char of a
   window's second half given its first half): gpt's exact chain rule; the diffusion model's ELBO (an upper bound
   on its NLL, the curve the paper compares) and its exact chain rule with [MASK] placeholders; bert's
@@ -41,20 +44,24 @@ import objectives
 import train
 from configurator import UserError, run_main
 from dataset import get_windows, load_dataset
-from progress import StopSignals, format_duration
+from progress import StopSignals, format_duration, write_atomically
 from study import LN2, resolve_experiment, second_half_bits
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="study_results",
                 seed=1337, fresh=False, quiet=True)  # quiet=False: the training log lines of every run too
 
-SCALES = {  # the study's model sizes; unique_chars is the data budget; seeds: runs per (objective, epochs)
-    "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, unique_chars=20_000,
-                epochs=(1, 2, 4, 8, 16, 32, 64, 128), seeds=2, eval_windows=64, eval_iters=20),
+SCALES = {  # the study's model sizes; unique_chars: the data budget; max_epochs: a series' last epoch count (default
+    # the last of `epochs`); seeds: every cell up to all_seeds_up_to epochs, and each series' best epoch count
+    "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, unique_chars=10_000,
+                epochs=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), max_epochs={"gpt": 256, "gpt, dropout 0.2": 256},
+                seeds=2, all_seeds_up_to=16, eval_windows=64, eval_iters=20),
     "gpu": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, unique_chars=100_000,
-                epochs=(1, 2, 4, 8, 16, 32, 64, 128, 256), seeds=3, eval_windows=256, eval_iters=50),
+                epochs=(1, 2, 4, 8, 16, 32, 64, 128, 256), max_epochs={}, seeds=3, all_seeds_up_to=256,
+                eval_windows=256, eval_iters=50),
     "quick": dict(n_layer=1, n_head=2, n_embd=32, block_size=32, batch_size=4, unique_chars=2_000,
-                  epochs=(1, 2), seeds=1, eval_windows=4, eval_iters=2),
+                  epochs=(1, 2), max_epochs={}, seeds=1, all_seeds_up_to=2, eval_windows=4, eval_iters=2),
 }
+PLAN_KEYS = ("epochs", "max_epochs", "seeds", "all_seeds_up_to")  # what to run, not how a run runs
 SERIES = [  # name, arch, objective, settings that differ from the study's
     ("gpt", "gpt", "clm", {}),
     ("gpt, dropout 0.2", "gpt", "clm", {"dropout": 0.2}),
@@ -78,6 +85,24 @@ def budget_dataset(splits, meta, unique_tokens, folder):
     with open(os.path.join(folder, "meta.pkl"), "wb") as f:
         pickle.dump(dict(meta, train_tokens=unique_tokens, val_tokens=val_tokens), f)
     return folder
+
+
+def plan_runs(s, runs, base_seed):
+    """The (series, epochs, seed) still to run. First every series at each of its epoch counts with the first seed,
+    the other seeds at the cheap counts (<= all_seeds_up_to); once those are done, the other seeds at each
+    series' best epoch count and at the crossover, so the key points carry a seed spread."""
+    seeds = [base_seed + k for k in range(s["seeds"])]
+    counts = {name: [e for e in s["epochs"] if e <= s["max_epochs"].get(name, s["epochs"][-1])] for name, *_ in SERIES}
+    plan = [(series, e, seed) for seed in seeds for e in s["epochs"] for series in SERIES
+            if e in counts[series[0]] and (seed == seeds[0] or e <= s["all_seeds_up_to"])]
+    done = {(r["series"], r["epochs"], r["seed"]) for r in runs}
+    if all((p[0][0], p[1], p[2]) in done for p in plan):
+        _, best, crossover = summarise(runs, s)
+        key_points = {(name, e) for name, e in best.items()} | \
+            {(name, crossover) for name in ("gpt", "gpt, dropout 0.2", "diffusion") if crossover is not None}
+        plan += [(series, e, seed) for seed in seeds[1:] for series in SERIES for e in counts[series[0]]
+                 if (series[0], e) in key_points]
+    return [p for p in plan if (p[0][0], p[1], p[2]) not in done]
 
 
 def iterations_for(epochs, unique_tokens, s):
@@ -227,10 +252,15 @@ def plot(table, best, data, path):
     fig.savefig(path, dpi=120)
 
 
-def write_atomically(path, text):
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
+def seconds_left(timings, todo):
+    """The runs still to do, at seconds = fixed + per_epoch * epochs fitted to the runs so far (a small run is
+    mostly its fixed cost: evaluation, building the model)."""
+    epochs, seconds = np.array(timings, dtype=float).T
+    if len(set(epochs)) > 1:
+        per_epoch, fixed = np.polyfit(epochs, seconds, 1)
+    else:
+        per_epoch, fixed = seconds.mean() / epochs.mean(), 0.0
+    return sum(max(0.0, fixed) + max(0.0, per_epoch) * p[1] for p in todo)
 
 
 # ----------------------------------------------------------------------------- the experiment
@@ -248,7 +278,9 @@ def main():
     rng = np.random.default_rng(config["seed"] + 7)  # the same held-out windows for every run
     windows = {split: get_windows(os.path.join(folder, f"{split}.bin"), s["eval_windows"], s["block_size"] - 2,
                                   rng).to(device) for split in ("val", "train")}
-    settings = {"scale": scale, "seed": config["seed"], "dataset": config["dataset"], **s, "epochs": list(s["epochs"])}
+    # a finished run is reused when everything that defines it is the same; the plan may grow (PLAN_KEYS)
+    settings = {"scale": scale, "seed": config["seed"], "dataset": config["dataset"],
+                **{k: v for k, v in s.items() if k not in PLAN_KEYS}}
     json_path = os.path.join(config["out_dir"], f"epochs-{scale}.json")
     runs = []
     if os.path.exists(json_path) and not config["fresh"]:
@@ -259,36 +291,33 @@ def main():
             print(f"reusing {len(runs)} finished runs from {json_path} (--fresh=True to start over)", flush=True)
         else:
             print(f"{json_path} holds runs of other settings: starting over (they are replaced)", flush=True)
-    plan = [(series, epochs, config["seed"] + k) for k in range(s["seeds"]) for epochs in s["epochs"]
-            for series in SERIES]
-    done = {(r["series"], r["epochs"], r["seed"]) for r in runs}
-    todo = [p for p in plan if (p[0][0], p[1], p[2]) not in done]
-    total_epochs = sum(p[1] for p in todo)
+    todo = plan_runs(s, runs, config["seed"])
     data = {"settings": settings, "device": device, "unique_chars": s["unique_chars"], "runs": runs,
             "character_frequency_bits": character_frequency_bits(os.path.join(folder, "train.bin"), windows["val"],
                                                                  specials.num_ordinary)}
     os.makedirs(config["out_dir"], exist_ok=True)
-    t0, epochs_done = time.perf_counter(), 0
+    timings, number = [], 0  # (epochs, seconds) of this invocation's runs, for the time left
     try:
         with StopSignals(immediate=True):  # train.train catches the first signal itself and saves; see below
-            for number, ((name, arch, objective, extra), epochs, seed) in enumerate(todo):
-                elapsed = time.perf_counter() - t0
-                eta = f", ~{format_duration(elapsed / epochs_done * (total_epochs - epochs_done))} left" \
-                    if epochs_done else ""
-                print(f"[epochs] run {number + 1}/{len(todo)}: {name}, {epochs} epochs, seed {seed}{eta}", flush=True)
+            while todo:
+                (name, arch, objective, extra), epochs, seed = todo[0]
+                number += 1
+                eta = f", ~{format_duration(seconds_left(timings, todo))} left" if len(timings) > 1 else ""
+                print(f"[epochs] run {number}/{number + len(todo) - 1}: {name}, {epochs} epochs, seed {seed}{eta} "
+                      f"(more seeds at the best epoch counts once these are done)", flush=True)
                 row = train_and_score(name, arch, objective, extra, epochs, seed, s, folder, windows, specials,
                                       device, config["quiet"], os.path.join(work, name.replace(", ", "-")))
                 if row is None:
                     raise KeyboardInterrupt
                 runs.append(row)
-                epochs_done += epochs
+                timings.append((epochs, row["seconds"]))
                 print(f"  held-out {row['bits_val']:.3f} bits/char, train {row['bits_train']:.3f} "
                       f"({row['iterations']} iterations, {row['seconds']:.0f} s)", flush=True)
                 data["seconds"] = sum(r["seconds"] for r in runs)
                 write_atomically(json_path, json.dumps(data, indent=1))
+                todo = plan_runs(s, runs, config["seed"])
     except KeyboardInterrupt:
-        data["not_done"] = [f"{p[0][0]} x{p[1]} seed {p[2]}" for p in todo
-                            if (p[0][0], p[1], p[2]) not in {(r["series"], r["epochs"], r["seed"]) for r in runs}]
+        data["not_done"] = [f"{p[0][0]} x{p[1]} seed {p[2]}" for p in plan_runs(s, runs, config["seed"])]
         print(f"interrupted: {len(runs)} runs finished and kept, {len(data['not_done'])} not done; rerun the same "
               f"command to continue", flush=True)
     data["seconds"] = sum(r["seconds"] for r in runs)

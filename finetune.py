@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from checkpoint import load_model
 from configurator import UserError, apply_overrides, check_seed, pick_device, run_main
 from dataset import load_dataset
-from progress import StopSignals, format_duration
+from progress import StopSignals, format_duration, write_atomically
 from tasks import CANDIDATES, TASKS, baselines, candidate_sets, make_task, read_texts, retrieval_scores
 
 DEFAULTS = dict(
@@ -340,22 +340,15 @@ def study(config):
                 cell_seconds.append(time.perf_counter() - started)
                 data["cells"].append({"task": task, "reader": reader, "mode": mode, "seed": seed,
                                       "seconds": cell_seconds[-1], **scores})
-                write_json(json_path, data)
+                write_atomically(json_path, json.dumps(data, indent=1))
     except KeyboardInterrupt:
         print(f"interrupted: {len(data['cells'])} cells kept in {json_path}; rerun the same command to go on")
     data["seconds"] = seconds_before + time.perf_counter() - t0
-    write_json(json_path, data)
+    write_atomically(json_path, json.dumps(data, indent=1))
     text = study_report(data, scale)
     print("\n" + text)
-    with open(os.path.join(config["out_dir"], f"finetune-{scale}.md"), "w") as f:
-        f.write(text + "\n")
+    write_atomically(os.path.join(config["out_dir"], f"finetune-{scale}.md"), text + "\n")
     study_plot(data, os.path.join(config["out_dir"], f"finetune-{scale}.png"))
-
-
-def write_json(path, data):
-    with open(path + ".tmp", "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(path + ".tmp", path)
 
 
 METRIC = {"speaker": "accuracy", "tampered": "accuracy", "retrieval": "recall@1"}

@@ -14,6 +14,7 @@ Long work talks, and stops when asked. Every script of the project uses these tw
 
 Plain prints, no dependency: a line every ~10 s is enough to tell a user the job is alive and when it will end.
 """
+import os
 import signal
 import threading
 import time
@@ -79,3 +80,11 @@ class StopSignals:
 
     def __bool__(self):
         return self.requested
+
+
+def write_atomically(path, text):
+    """Write a results file whole or not at all (a stop mid-write leaves the previous version): what long
+    experiments call after each finished piece, so Ctrl-C keeps everything finished."""
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)

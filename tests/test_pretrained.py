@@ -413,3 +413,13 @@ def test_published_fine_tuning_refuses_a_wrong_arch_or_dataset_in_one_line(tmp_p
         assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
         assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
         assert not (tmp_path / "out").exists()
+    # from scratch on a published vocabulary: an objective needing tokens the vocabulary lacks is refused
+    (tmp_path / "t5-data").mkdir()
+    load_prepare("shakespeare").prepare(str(tmp_path / "input.txt"), str(tmp_path / "t5-data"), tokenizer=t5_folder)
+    for args, message in (([bert_data, "--arch=t5"], "--objective=span_corruption needs sentinel tokens"),
+                          ([f"--dataset={tmp_path / 't5-data'}", "--arch=bert"], "--objective=mlm needs a [MASK] token"),
+                          ([f"--dataset={tmp_path / 't5-data'}", "--arch=t5", "--objective=ul2"],
+                           "--objective=ul2 needs UL2's mode tokens")):
+        result = run_script("train.py", "--block_size=32", f"--out_dir={tmp_path / 'out'}", *args)
+        assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
+        assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
