@@ -72,6 +72,8 @@ def test_the_ngram_baseline_and_retrieval_scores_are_computed_as_stated():
     keys = rng.normal(size=(len(examples), 8))
     assert TK.retrieval_scores(keys, keys, sets) == {"recall@1": 1.0, "mrr": 1.0}
     assert TK.retrieval_scores(rng.normal(size=(len(examples), 8)), keys, sets)["recall@1"] < 0.1
+    assert TK.classification_scores([0] * 8, [0, 0, 0, 0, 0, 1, 2, 3], 4) == {"accuracy": 0.625,
+                                                                             "balanced accuracy": 0.25}
     collapsed = np.ones((len(examples), 8))  # every key the same: ties count against the model
     assert TK.retrieval_scores(collapsed, collapsed, sets) == {"recall@1": 0.0, "mrr": 1 / TK.CANDIDATES}
 
