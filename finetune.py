@@ -321,14 +321,18 @@ def study(config):
             for seed in seeds if (task, f"{name} ({pooling})", mode, seed) not in done]
     os.makedirs(config["out_dir"], exist_ok=True)
     tasks, cell_seconds = {}, []
+    for task in TASKS:  # deterministic, a second or two each; the report states their sizes and class balance
+        tasks[task] = make_task(task, texts, settings["max_chars"], config["seed"], settings["limits"])
+        classes = tasks[task]["classes"]
+        data["examples"][task] = {"train": len(tasks[task]["train"]), "eval": len(tasks[task]["eval"]),
+                                  "classes": classes,
+                                  "eval_class_counts": [sum(e["label"] == c for e in tasks[task]["eval"])
+                                                        for c in range(len(classes))]}
     try:
         with StopSignals(immediate=True) as stop:
             for number, (task, name, pooling, mode, seed) in enumerate(plan):
-                if task not in tasks:  # the same examples for every reader; baselines once per task
-                    tasks[task] = make_task(task, texts, settings["max_chars"], config["seed"], settings["limits"])
+                if task not in data["baselines"]:  # the same examples for every reader: baselines once per task
                     data["baselines"][task] = baselines(task, tasks[task])
-                    data["examples"][task] = {"train": len(tasks[task]["train"]), "eval": len(tasks[task]["eval"]),
-                                              "classes": tasks[task]["classes"]}
                 reader = f"{name} ({pooling})"
                 backbone = Backbone(folders[name], device)  # fresh weights: full mode changes them
                 if task == "retrieval" and not any(f["reader"] == reader for f in data["frozen"]):
@@ -389,8 +393,11 @@ def study_report(data, scale):
         examples = data["examples"][task]
         p = rules["majority class"][METRIC[task]] if "majority class" in rules else 1 / CANDIDATES
         half_width = 1.96 * math.sqrt(p * (1 - p) / examples["eval"])
+        balance = ", ".join(f"{name} {count}" for name, count in zip(examples["classes"],
+                                                                     examples.get("eval_class_counts", [])))
         lines.append(f"- {task} ({examples['train']} training / {examples['eval']} evaluation examples"
-                     + (f", {len(examples['classes'])} classes" if examples["classes"] else "") + "): " +
+                     + (f", {len(examples['classes'])} classes; evaluation: {balance}" if examples["classes"] else "")
+                     + "): " +
                      "; ".join(f"{rule} " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in scores.items())
                                for rule, scores in rules.items()) + f"; sampling error +-{100 * half_width:.1f} points")
     return "\n".join(lines)
@@ -441,6 +448,7 @@ def main():
     data = make_task(config["task"], texts, backbone.model.config.block_size, config["seed"], LIMITS)
     print(f"{config['task']}: {len(data['train'])} training and {len(data['eval'])} evaluation examples; "
           f"{backbone.arch} ({backbone.objective}), {pooling} pooling, --mode={config['mode']}", flush=True)
+    print("  the trivial baselines (a character n-gram logistic regression is tuned: up to a minute)...", flush=True)
     for name, scores in baselines(config["task"], data).items():
         print(f"  baseline, {name}: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in scores.items()))
     if config["task"] == "retrieval":
