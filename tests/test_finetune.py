@@ -162,9 +162,9 @@ def test_quick_study_runs_every_task_reader_and_mode(char_dataset, tmp_path):
     (["--init_from=/nonexistent/out-gpt"], "no such folder"),
     (["--seeds=0"], "--seeds must be at least 1"),
 ])
-def test_bad_arguments_end_in_one_line(args, message, gpt_checkpoint):
+def test_bad_arguments_end_in_one_line(args, message, gpt_checkpoint, char_dataset):
     full = [f"--init_from={gpt_checkpoint}"] + args if not any(a.startswith("--init_from") for a in args) else args
-    result = run_script("finetune.py", *full)
+    result = run_script("finetune.py", *full, f"--dataset={char_dataset}")
     assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 

@@ -29,6 +29,13 @@ def read_until(process, prefix):
 
 def test_progress_lines_during_a_slow_evaluation(char_dataset, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(train, "SECONDS_BETWEEN_LINES", 0.05)  # the real run prints every 10 s
+    real_get_windows = train.get_windows
+
+    def slow_get_windows(*args):  # a slow evaluation on any machine: 60 batches take >= 0.3 s per split
+        time.sleep(0.005)
+        return real_get_windows(*args)
+
+    monkeypatch.setattr(train, "get_windows", slow_get_windows)
     args = tiny_args(char_dataset, str(tmp_path / "o"), max_iters=1, eval_iters=60, quiet=False)
     train.train(train.resolve_config(args))
     out = capsys.readouterr().out
