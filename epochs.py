@@ -45,7 +45,7 @@ import train
 from configurator import UserError, run_main
 from dataset import get_windows, load_dataset
 from progress import StopSignals, format_duration, write_atomically
-from study import LN2, resolve_experiment, second_half_bits
+from study import character_frequency_bits, mean_std, resolve_experiment, second_half_bits
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="study_results",
                 seed=1337, fresh=False, quiet=True)  # quiet=False: the training log lines of every run too
@@ -141,22 +141,7 @@ def train_and_score(name, arch, objective, extra, epochs, seed, s, folder, windo
     return row
 
 
-def character_frequency_bits(train_path, windows, num_ordinary):
-    """The trivial rule: every character from the unique data's character frequencies (add-one smoothed)."""
-    counts = np.bincount(np.memmap(train_path, dtype=np.uint16, mode="r"), minlength=num_ordinary)[:num_ordinary]
-    log_p = torch.log(torch.tensor((counts + 1) / (counts + 1).sum(), dtype=torch.float64))
-    H = windows.size(1) // 2
-    return -log_p[windows[:, H:].cpu()].mean().item() / LN2
-
-
 # ----------------------------------------------------------------------------- summary
-
-def mean_std(values):
-    values = [v for v in values if v is not None]
-    if not values:
-        return None, None
-    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else None
-
 
 def summarise(runs, s):
     """{series: {epochs: (mean, std, n)}} of held-out bits, plus each series' best epoch and the crossover."""

@@ -39,8 +39,8 @@ from checkpoint import load_model
 from configurator import UserError, apply_overrides, check_seed, pick_device, run_main
 from dataset import load_dataset
 from progress import StopSignals, format_duration, write_atomically
-from tasks import (CANDIDATES, TASKS, baselines, candidate_sets, classification_scores, make_task, read_texts,
-                   retrieval_scores)
+from study import mean_std
+from tasks import CANDIDATES, TASKS, baselines, classification_scores, make_task, read_texts, retrieval_scores
 
 DEFAULTS = dict(
     init_from="",            # a train.py out_dir (its ckpt.pt), or a published name / save_pretrained folder
@@ -64,6 +64,7 @@ class Backbone:
     """A model, its tokenizer and pad id, from a train.py out_dir or a published checkpoint."""
 
     def __init__(self, init_from, device):
+        self.suffix = []  # ids appended to every input
         path = os.path.join(init_from, "ckpt.pt")
         published = os.path.exists(os.path.join(init_from, "config.json")) or \
             not (os.path.exists(init_from) or os.sep in init_from or init_from.startswith("."))
@@ -91,7 +92,6 @@ class Backbone:
         else:
             raise UserError(f"--init_from={init_from}: no such folder; pass a train.py out_dir")
         self.arch, self.device = self.model.config.arch, device
-        self.suffix = getattr(self, "suffix", [])
 
     def encode(self, texts):
         """Right-padded ids (B, T) and lengths (B,), each text cut to the model's context."""
@@ -165,11 +165,11 @@ def run_cell(backbone, task, mode, pooling, data, seed, config, stop):
         torch.nn.init.zeros_(head.bias)
     head = head.to(backbone.device)
     train = data["train"]
+    keys = ("text", "next") if task == "retrieval" else ("text",)  # what each example gives the model to read
     if mode == "probe":
         for p in model.parameters():
             p.requires_grad_(False)
-        cached = {key: features_of(backbone, [e[key] for e in train], pooling)
-                  for key in (("text", "next") if task == "retrieval" else ("text",))}
+        cached = {key: features_of(backbone, [e[key] for e in train], pooling) for key in keys}
         optimizer = torch.optim.AdamW(head.parameters(), lr=config["head_learning_rate"], weight_decay=0.0)
         steps = config["probe_steps"]
     else:
@@ -190,7 +190,7 @@ def run_cell(backbone, task, mode, pooling, data, seed, config, stop):
             inputs = {key: values[index.to(values.device)] for key, values in cached.items()}
         else:
             inputs = {key: pooled_features(model, *backbone.encode([train[i][key] for i in index.tolist()]), pooling)
-                      for key in (("text", "next") if task == "retrieval" else ("text",))}
+                      for key in keys}
         if task == "retrieval":  # in-batch negatives: each line's own next line against the batch's others
             q, k = F.normalize(head(inputs["text"]), dim=-1), F.normalize(head(inputs["next"]), dim=-1)
             loss = F.cross_entropy(q @ k.T / config["temperature"], torch.arange(len(q), device=q.device))
@@ -201,22 +201,19 @@ def run_cell(backbone, task, mode, pooling, data, seed, config, stop):
         optimizer.step()
     model.eval()
     with torch.no_grad():
-        evaluation = data["eval"]
         if task == "retrieval":
-            q = head(features_of(backbone, [e["text"] for e in evaluation], pooling)).cpu().numpy()
-            k = head(features_of(backbone, [e["next"] for e in evaluation], pooling)).cpu().numpy()
-            return retrieval_scores(q, k, candidate_sets(evaluation))
-        predicted = head(features_of(backbone, [e["text"] for e in evaluation], pooling)).argmax(-1).cpu()
-        return classification_scores(predicted.numpy(), [e["label"] for e in evaluation], len(data["classes"]))
+            return score_retrieval(backbone, data, pooling, head)
+        predicted = head(features_of(backbone, [e["text"] for e in data["eval"]], pooling)).argmax(-1).cpu()
+        return classification_scores(predicted.numpy(), [e["label"] for e in data["eval"]], len(data["classes"]))
 
 
 @torch.no_grad()
-def frozen_retrieval(backbone, data, pooling):
-    """Retrieval with the pooled states as they come out of pretraining: no training at all."""
-    evaluation = data["eval"]
-    q = features_of(backbone, [e["text"] for e in evaluation], pooling).cpu().numpy()
-    k = features_of(backbone, [e["next"] for e in evaluation], pooling).cpu().numpy()
-    return retrieval_scores(q, k, candidate_sets(evaluation))
+def score_retrieval(backbone, data, pooling, head=torch.nn.Identity()):
+    """Recall@1 and MRR of the evaluation queries among their candidates, with the pooled states passed through
+    `head` (the identity: as they come out of pretraining, no training at all)."""
+    q, k = (head(features_of(backbone, [e[key] for e in data["eval"]], pooling)).cpu().numpy()
+            for key in ("text", "next"))
+    return retrieval_scores(q, k, data["candidates"])
 
 
 def check_config(config):
@@ -231,10 +228,6 @@ def check_config(config):
         if not config[key] > 0:
             raise UserError(f"--{key} must be positive, got {config[key]}")
     check_seed(config["seed"])
-
-
-def mean_std(values):
-    return float(np.mean(values)), (float(np.std(values, ddof=1)) if len(values) > 1 else None)
 
 
 def format_metric(values):
@@ -336,7 +329,7 @@ def study(config):
                 reader = f"{name} ({pooling})"
                 backbone = Backbone(folders[name], device)  # fresh weights: full mode changes them
                 if task == "retrieval" and not any(f["reader"] == reader for f in data["frozen"]):
-                    data["frozen"].append({"reader": reader, **frozen_retrieval(backbone, tasks[task], pooling)})
+                    data["frozen"].append({"reader": reader, **score_retrieval(backbone, tasks[task], pooling)})
                 left = f", ~{format_duration(np.mean(cell_seconds) * (len(plan) - number))} left" if cell_seconds else ""
                 print(f"[finetune study] {number + 1}/{len(plan)}: {task}, {reader}, {mode}, seed {seed}{left}",
                       flush=True)
@@ -452,7 +445,7 @@ def main():
     for name, scores in baselines(config["task"], data).items():
         print(f"  baseline, {name}: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in scores.items()))
     if config["task"] == "retrieval":
-        scores = frozen_retrieval(backbone, data, pooling)
+        scores = score_retrieval(backbone, data, pooling)
         print("  frozen pooled states, no training: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in scores.items()))
     results, t0 = [], time.perf_counter()
     with StopSignals(immediate=True) as stop:

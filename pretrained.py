@@ -240,9 +240,10 @@ def could_not_load(name_or_folder, source, error):
     return UserError(f"could not load {name_or_folder!r} from {where}: {str(error).splitlines()[0][:200]}")
 
 
-def read_hugging_face(name_or_folder):
-    """(their config, their state dict, their tokenizer or None) through transformers, with one-line errors."""
-    transformers, name_or_folder, source, hf_config = open_with_transformers(name_or_folder)
+def read_hugging_face(name_or_folder, opened=None):
+    """(their config, their state dict, their tokenizer or None) through transformers, with one-line errors.
+    opened: what open_with_transformers(name_or_folder) returned, when the caller already asked."""
+    transformers, name_or_folder, source, hf_config = opened or open_with_transformers(name_or_folder)
     local = dict(local_files_only=source != "hub")
     model_class = {"gpt2": transformers.GPT2LMHeadModel, "bert": transformers.BertForMaskedLM,
                    "t5": transformers.T5ForConditionalGeneration}[hf_config.model_type]
@@ -323,9 +324,9 @@ def build(hf_config, theirs, source, device):
     return model.to(device).eval(), family
 
 
-def load_pretrained(name_or_folder, device="cpu"):
+def load_pretrained(name_or_folder, device="cpu", opened=None):
     """(Transformer with the published weights, in eval mode; their transformers tokenizer or None)."""
-    hf_config, theirs, tokenizer = read_hugging_face(name_or_folder)
+    hf_config, theirs, tokenizer = read_hugging_face(name_or_folder, opened)
     return build(hf_config, theirs, name_or_folder, device)[0], tokenizer
 
 
@@ -408,12 +409,12 @@ def load_for_training(config, meta):
         raise UserError(f"--init_from={name} (--arch={arch}) reads the checkpoint's own tokens but dataset "
                         f"{config['dataset']} is {meta.get('tokenizer')}-level: prepare one with its tokenizer "
                         f"({prepare}) and pass the --dataset it prints")
-    _, _, _, hf_config = open_with_transformers(name)
-    family = hf_config.model_type
+    opened = open_with_transformers(name)
+    family = opened[3].model_type
     if ARCH_OF_FAMILY[family] != arch:
         raise UserError(f"{name} is a {family} checkpoint: train it with --arch={ARCH_OF_FAMILY[family]} "
                         f"(not --arch={arch})")
-    model, hf_tokenizer = load_pretrained(name)
+    model, hf_tokenizer = load_pretrained(name, opened=opened)  # the config is not read (nor the hub asked) twice
     c = model.config
     if hf_tokenizer is not None:  # the same vocabulary, not only the same family
         theirs = dataset_meta(name, family, hf_tokenizer)

@@ -219,15 +219,33 @@ def cloze_accuracy(name, model, windows, blanks, specials, bayes_windows):
     return results
 
 
+def character_counts(train_path, num_ordinary):
+    return np.bincount(np.memmap(train_path, dtype=np.uint16, mode="r"), minlength=num_ordinary)[:num_ordinary]
+
+
+def character_frequency_bits(train_path, windows, num_ordinary):
+    """The trivial rule under the common metric: bits/char of the windows' second halves when every character
+    comes from the training text's character frequencies (add-one smoothed)."""
+    counts = character_counts(train_path, num_ordinary)
+    log_p = torch.log(torch.tensor((counts + 1) / (counts + 1).sum(), dtype=torch.float64)).to(windows.device)
+    H = windows.size(1) // 2
+    return -log_p[windows[:, H:]].mean().item() / LN2
+
+
 def unigram_reference(train_path, windows, blanks, num_ordinary):
     """The floor every model must beat: character frequencies from the training split (bits/char of the second
     halves, and cloze accuracy when always guessing the most frequent character)."""
-    counts = np.bincount(np.memmap(train_path, dtype=np.uint16, mode="r"), minlength=num_ordinary)[:num_ordinary]
-    log_p = torch.log(torch.tensor((counts + 1) / (counts + 1).sum(), dtype=torch.float64)).to(windows.device)
-    H = windows.size(1) // 2
-    bits = -log_p[windows[:, H:]].mean().item() / LN2
-    cloze = (windows.gather(1, blanks) == int(counts.argmax())).float().mean().item()
-    return {"bits_per_char": bits, "cloze": cloze}
+    most_frequent = int(character_counts(train_path, num_ordinary).argmax())
+    cloze = (windows.gather(1, blanks) == most_frequent).float().mean().item()
+    return {"bits_per_char": character_frequency_bits(train_path, windows, num_ordinary), "cloze": cloze}
+
+
+def mean_std(values):
+    """(mean, sample std) over seeds, ignoring missing values; std None for a single value, (None, None) for none."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None
+    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else None
 
 
 # ----------------------------------------------------------------------------- claim C2: the ablation

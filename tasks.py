@@ -136,7 +136,10 @@ def make_task(task, texts, max_chars, seed, limits):
     if not train or len(evaluation) < max(limits.get("min_eval", 100), CANDIDATES + 1 if task == "retrieval" else 2):
         raise UserError(f"--task={task} has {len(train)} training and {len(evaluation)} evaluation examples of at most "
                         f"{max_chars} characters: too few; use a model with a longer context")
-    return {"train": train[:limits["train"]], "eval": evaluation[:limits["eval"]], "classes": classes}
+    data = {"train": train[:limits["train"]], "eval": evaluation[:limits["eval"]], "classes": classes}
+    if task == "retrieval":  # drawn once: every reader and the baselines rank the same candidates
+        data["candidates"] = candidate_sets(data["eval"])
+    return data
 
 
 def read_texts(dataset):
@@ -227,9 +230,8 @@ def candidate_sets(examples, seed=0):
 def baselines(task, data):
     """What a trivial rule reaches under the task's own scoring."""
     if task == "retrieval":
-        sets = candidate_sets(data["eval"])
         ngram = retrieval_scores(ngram_features([e["text"] for e in data["eval"]]),
-                                 ngram_features([e["next"] for e in data["eval"]]), sets)
+                                 ngram_features([e["next"] for e in data["eval"]]), data["candidates"])
         harmonic = sum(1 / k for k in range(1, CANDIDATES + 1)) / CANDIDATES
         return {"chance": {"recall@1": 1 / CANDIDATES, "mrr": harmonic}, "character n-gram cosine": ngram}
     y_train = np.array([e["label"] for e in data["train"]])
