@@ -445,10 +445,12 @@ def main():
     config = resolve_config(sys.argv[1:])
     ddp = int(os.environ.get("RANK", -1)) != -1
     if ddp:
-        from torch.distributed import destroy_process_group, init_process_group
+        from torch.distributed import barrier, destroy_process_group, init_process_group
         init_process_group(backend="nccl" if torch.cuda.is_available() and config["device"] != "cpu" else "gloo")
     try:
         train(config)
+        if ddp:  # leave together: gloo aborts (SIGABRT) a process whose peer tears down while it still talks
+            barrier()
     except (TrainingDiverged, CheckpointWriteFailed) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(1)
