@@ -7,17 +7,22 @@ The single-device benchmark: the chapter's engineering claims as numbers.
 Sections (one markdown table each; the same figures go to a JSON file, and PNG plots when matplotlib is there):
   1. ceilings     measured matmul rate (bf16 on CUDA, fp32 on CPU) and device copy bandwidth
   2. training     one training step per arch at equal size and tokens: MFU and supervised tokens/s (claim C1)
-  3. attention    SDPA with is_causal=True vs the same mask written out, prefix mask, no mask (+ FlexAttention
-                  on CUDA), and which kernel ran (claim E2)
-  4. decoding     per-token latency against context length: KV cache vs recomputation (claim D4), and a
-                  240-token generation against the memory-bandwidth floor
+  3. attention    SDPA with is_causal=True vs the same mask written out, prefix mask, no mask, FlexAttention
+                  block masks (compiled; forward only on the CPU), and which kernel ran (claim E2)
+  4. decoding     per-token latency against context length: KV cache vs recomputation (claim D4), a
+                  240-token generation against the memory-bandwidth floor, and eager vs compiled decoding at
+                  batch 1, 8 and 32 against the floor of each
+  (--compile=False skips the compiled rows of sections 2, 3 and 4, and their compile time)
   5. prefix       16 requests sharing a long prompt: one shared prefill vs 16 separate ones (claim D4)
 Every timing: warm-up first, device synchronisation before reading the clock, median of repeats, random inputs.
 """
+import atexit
 import json
 import os
 import platform
+import shutil
 import sys
+import tempfile
 import time
 
 import torch
@@ -25,7 +30,7 @@ import torch.nn.functional as F
 
 from configurator import UserError, apply_overrides, pick_device, run_main
 from progress import Progress, StopSignals, format_duration
-from timing import copy_bandwidth, matmul_flops_per_second, median_time
+from timing import copy_bandwidth, matmul_flops_per_second, median_time, time_once
 
 SECTIONS = ("ceilings", "training", "attention", "decoding", "prefix")
 DEFAULTS = dict(
@@ -35,6 +40,7 @@ DEFAULTS = dict(
     repeats=5,             # timings are medians over this many runs
     out="",                # JSON path; "" = bench_results/bench-<device>[-quick].json
     plots=True,            # write PNGs next to the JSON when matplotlib is installed
+    compile=True,          # the torch.compile rows (training, FlexAttention, decoding); they cost compile time
 )
 
 
@@ -94,7 +100,7 @@ def bench_ceilings(device, s, repeats, results):
                   ["device copy bandwidth", f"{bandwidth / 1e9:.1f} GB/s"]])
 
 
-def bench_training(device, s, repeats, results):
+def bench_training(device, s, repeats, results, compiled_rows=True):
     import objectives
     specials = synthetic_specials(s["vocab"])
     peak = results["ceilings"]["matmul_flops"]
@@ -112,29 +118,40 @@ def bench_training(device, s, repeats, results):
         supervised, processed = batch.supervised_positions(), batch.processed_positions()
         batch = batch.to(device)
 
-        def step():
+        def step(module):
             with autocast_for(device, s["dtype"]):
-                _, loss = model(**batch.model_inputs())
+                _, loss = module(**batch.model_inputs())
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-        seconds = median_time(step, device, repeats)
+        seconds = median_time(lambda: step(model), device, repeats)
         data[arch] = {"objective": objective, "ms_per_step": seconds * 1e3, "tokens_per_s": processed / seconds,
                       "supervised_per_s": supervised / seconds, "mfu": flops / seconds / peak,
                       "supervised_per_tflop": supervised / (flops / 1e12), "supervised_fraction": supervised / processed,
                       "parameters": model.num_parameters()}
         d = data[arch]
-        rows.append([arch, objective, f"{d['parameters'] / 1e6:.2f}M", f"{d['ms_per_step']:.1f}",
+        rows.append([arch, objective, "eager", f"{d['parameters'] / 1e6:.2f}M", f"{d['ms_per_step']:.1f}",
                      f"{d['tokens_per_s']:,.0f}", f"{100 * d['mfu']:.1f}%", f"{100 * d['supervised_fraction']:.1f}%",
-                     f"{d['supervised_per_s']:,.0f}", f"{d['supervised_per_tflop']:,.0f}"])
+                     f"{d['supervised_per_s']:,.0f}", f"{d['supervised_per_tflop']:,.0f}", "-", "1.00x"])
+        if compiled_rows and (arch == "gpt" or s["n_embd"] >= 128):  # --quick: gpt's row only, to keep it quick
+            # train.py --compile=True: the same step through torch.compile (forward and backward compiled; the
+            # optimizer stays the fused AdamW). What compiling can remove is the non-matmul share of the step
+            compiled = torch.compile(model)
+            first = time_once(lambda: step(compiled), device)
+            compiled_seconds = median_time(lambda: step(compiled), device, repeats, warmup=1)
+            d["compiled"] = c = {"ms_per_step": compiled_seconds * 1e3, "mfu": flops / compiled_seconds / peak,
+                                 "compile_s": max(0.0, first - compiled_seconds), "speedup": seconds / compiled_seconds}
+            rows.append([arch, objective, "compiled", "", f"{c['ms_per_step']:.1f}",
+                         f"{processed / compiled_seconds:,.0f}", f"{100 * c['mfu']:.1f}%", "",
+                         f"{supervised / compiled_seconds:,.0f}", "", f"{c['compile_s']:.0f}", f"{c['speedup']:.2f}x"])
     ratio = data["gpt"]["supervised_per_s"] / data["bert"]["supervised_per_s"]
     data["gpt_over_bert_supervised"] = ratio
     results["training"] = data
     return table(f"2. Training step per architecture (batch {s['batch']} x {s['block_size']} tokens; "
                  f"gpt / bert supervised tokens/s = {ratio:.2f}x, claim C1)",
-                 ["arch", "objective", "params", "ms/step", "tokens/s", "MFU", "supervised", "supervised tok/s",
-                  "supervised tok/TFLOP"], rows)
+                 ["arch", "objective", "step", "params", "ms/step", "tokens/s", "MFU", "supervised",
+                  "supervised tok/s", "supervised tok/TFLOP", "compile s", "vs eager"], rows)
 
 
 def which_backend(q, k, v, attn_mask, is_causal):
@@ -151,7 +168,7 @@ def which_backend(q, k, v, attn_mask, is_causal):
     return "none"
 
 
-def bench_attention(device, s, repeats, results):
+def bench_attention(device, s, repeats, results, compiled_rows=True):
     import masks
     B, H, T, hs = s["batch"], s["n_head"], s["block_size"], s["n_embd"] // s["n_head"]
     generator = torch.Generator(device=device).manual_seed(0)
@@ -168,27 +185,62 @@ def bench_attention(device, s, repeats, results):
         seconds = median_time(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal),
                               device, repeats * 4)
         data[name] = {"ms": seconds * 1e3, "backend": which_backend(q, k, v, mask, is_causal)}
-    if device.startswith("cuda"):
-        try:
-            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-            flex = torch.compile(flex_attention)
-            for name, rule in (("FlexAttention, causal block mask", lambda b, h, i, j: j <= i),
-                               ("FlexAttention, prefix-LM block mask", lambda b, h, i, j: (j <= i) | (j < T // 2))):
-                block_mask = create_block_mask(rule, B=None, H=None, Q_LEN=T, KV_LEN=T, device=device)
-                seconds = median_time(lambda: flex(q, k, v, block_mask=block_mask), device, repeats * 4)
-                data[name] = {"ms": seconds * 1e3, "backend": "flex (compiled)"}
-        except Exception as e:  # FlexAttention needs a recent PyTorch and Triton
-            data["FlexAttention"] = {"ms": float("nan"), "backend": f"unavailable: {type(e).__name__}"}
+    if compiled_rows:
+        data.update(bench_flex_attention(device, q, k, v, T, repeats))
     fast = data["causal, is_causal=True (fast path)"]["ms"]
     for name, d in data.items():
-        rows.append([name, f"{d['ms']:.3f}", f"{d['ms'] / fast:.2f}x", d["backend"]])
+        timed = d["ms"] == d["ms"]  # not NaN
+        rows.append([name, f"{d['ms']:.3f}" if timed else "-", f"{d['ms'] / fast:.2f}x" if timed else "-",
+                     d["backend"]])
     results["attention"] = data
     return table(f"3. Attention kernels (B={B}, heads={H}, T={T}, head size={hs}, "
                  f"{str(s['dtype']).replace('torch.', '')}; claim E2)",
                  ["variant", "ms/call", "vs is_causal", "backend"], rows)
 
 
-def bench_decoding(device, s, repeats, results):
+def bench_flex_attention(device, q, k, v, T, repeats):
+    """FlexAttention (compiled; CUDA and, forward only, CPU): the masks as block masks, so that blocks a mask
+    hides entirely are skipped rather than computed and thrown away. Each row is checked against SDPA with the
+    same mask before it is timed. Whether the backward pass (training) runs is reported too: not on the CPU
+    in torch 2.13."""
+    import masks
+    data = {}
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError as e:
+        return {"FlexAttention": {"ms": float("nan"), "backend": f"unavailable: {e}"}}
+    flex = torch.compile(flex_attention)
+    document = torch.arange(T, device=device) // max(1, T // 4)  # four packed documents
+    rules = {"FlexAttention, causal block mask": (lambda b, h, i, j: j <= i, None, True),
+             "FlexAttention, prefix-LM block mask": (lambda b, h, i, j: (j <= i) | (j < T // 2),
+                                                     masks.prefix_lm_mask(torch.full((1,), T // 2, device=device), T),
+                                                     False),
+             "FlexAttention, causal within 4 documents": (
+                 lambda b, h, i, j: (j <= i) & (document[i] == document[j]),
+                 masks.causal_mask(T, device=device) & (document[:, None] == document[None, :]), False)}
+    for name, (rule, mask, is_causal) in rules.items():
+        torch._dynamo.reset()  # static shapes for each mask: a recompile with dynamic sizes broke the CPU template
+        try:
+            block_mask = create_block_mask(rule, B=None, H=None, Q_LEN=T, KV_LEN=T, device=device)
+            reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
+                                                       is_causal=is_causal)
+            error = (flex(q, k, v, block_mask=block_mask).float() - reference).abs().max().item()
+            seconds = median_time(lambda: flex(q, k, v, block_mask=block_mask), device, repeats * 4)
+            data[name] = {"ms": seconds * 1e3, "backend": f"flex (compiled), max error vs SDPA {error:.1e}"}
+        except Exception as e:  # needs a recent PyTorch (and Triton on CUDA)
+            detail = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            data[name] = {"ms": float("nan"), "backend": f"cannot run here: {type(e).__name__}: {detail}"}
+    try:  # training needs the backward pass
+        grad_q = q.detach().clone().requires_grad_()
+        flex(grad_q, k, v, block_mask=block_mask).sum().backward()
+        data["FlexAttention backward (training)"] = {"ms": float("nan"), "backend": "runs"}
+    except Exception as e:
+        data["FlexAttention backward (training)"] = {"ms": float("nan"),
+                                                     "backend": f"cannot run here: {str(e).split('.')[0][:90]}"}
+    return data
+
+
+def bench_decoding(device, s, repeats, results, compiled_rows=True):
     import kvcache as K
     from sample import iterative_unmask
     T = s["block_size"]
@@ -262,7 +314,76 @@ def bench_decoding(device, s, repeats, results):
                   ["sampler", "tokens/s", "forward passes", "of bandwidth floor"], rows)
     results["decoding"] = {"lengths": lengths, "ms_per_token": curves, "crossover": crossover,
                            "generation": run, "bandwidth_floor_tokens_per_s": floor, "cache_speedup": speedup}
+    if compiled_rows:
+        text += bench_compiled_decoding(device, s, repeats, results, models, prompt, new)
     return text
+
+
+def decoding_cost(model, average_context, encoder_length=0):
+    """What one decoding step must move and compute: (weight numbers read once per step, cache numbers read per
+    row, matmul FLOPs per row). The weights a step uses are all but the position table and, for t5, the encoder
+    (it ran once); each row reads keys and values of every layer over its context (t5: plus the cross-attention
+    K/V over the encoder's output); FLOPs: 2 per weight of a matmul, plus 4 * layers * context * width for q.k
+    and the weighted sum of v."""
+    c = model.config
+    weights = model.num_parameters(exclude_positions=True)
+    layers = c.n_layer
+    if c.arch == "t5":
+        weights -= sum(p.numel() for p in model.blocks.parameters())
+        layers = c.n_decoder_layer
+    keys = average_context + encoder_length  # (the tied embedding counts once: its matmul is the output head)
+    return weights, layers * 2 * keys * c.n_embd, 2 * weights + 4 * layers * keys * c.n_embd
+
+
+def bench_compiled_decoding(device, s, repeats, results, models, prompt, new):
+    """4c: eager vs torch.compile'd decoding step (kvcache.compiled_decode_step), gpt at batch 1, 8 and 32 from one
+    shared prefill (sample.py --num_samples), prefixlm and t5 at batch 1. Compilation is paid once per process and
+    per batch-size regime (1, then any larger): the first generation's extra time is reported as compile time."""
+    import kvcache as K
+    bandwidth, matmul_rate = results["ceilings"]["copy_bandwidth"], results["ceilings"]["matmul_flops"]
+    bytes_per_number = torch.finfo(s["dtype"]).bits // 8
+    cases = [("gpt", 1), ("gpt", 8), ("gpt", 32), ("prefixlm", 1), ("t5", 1)]
+    if s["n_embd"] < 128:  # --quick: the rows run, the figures mean nothing
+        cases = [("gpt", 1), ("gpt", 8), ("t5", 1)]
+    t5_inputs = prompt[:, :8]
+    rows, data = [], {}
+    progress = Progress("[bench] compiled decoding", 2 * len(cases))
+    with torch.no_grad(), autocast_for(device, s["dtype"]):
+        for done, (arch, batch) in enumerate(cases):
+            model = models[arch]
+            extra = dict(encoder_inputs=t5_inputs, start_token=0) if arch == "t5" else {}
+            start = prompt[:, :1] if arch == "t5" else prompt
+            context = start.size(1) + new / 2  # average context of the generation
+            if done == 0 or cases[done - 1][0] != arch:
+                torch._dynamo.reset()  # a new model: its own graphs (compiled graphs per code object are limited)
+            for mode, compiled in (("eager", False), ("compiled", True)):
+                progress.update(2 * done + compiled)
+
+                def generation():
+                    K.generate(model, start, new, num_samples=batch, temperature=0, compiled=compiled, **extra)
+
+                first = time_once(generation, device)  # compiles on its first call (for a new batch regime)
+                seconds = median_time(generation, device, max(1, repeats // 2), warmup=0)
+                tokens_per_s = batch * new / seconds
+                weights, cache_per_row, flops_per_row = decoding_cost(model, context,
+                                                                      t5_inputs.size(1) if arch == "t5" else 0)
+                # the floor: a step costs at least reading its weights once (shared by the rows) and each row's cache
+                floor = batch * bandwidth / ((weights + batch * cache_per_row) * bytes_per_number)
+                compute_bound = matmul_rate / flops_per_row  # every row's matmuls at the measured peak rate
+                data[f"{arch}, batch {batch}, {mode}"] = d = {
+                    "tokens_per_s": tokens_per_s, "floor_tokens_per_s": floor, "of_floor": tokens_per_s / floor,
+                    "compute_bound_tokens_per_s": compute_bound, "first_call_extra_s": max(0.0, first - seconds)}
+                rows.append([arch, batch, mode, f"{tokens_per_s:,.1f}", f"{floor:,.1f}", f"{100 * d['of_floor']:.1f}%",
+                             f"{compute_bound:,.0f}", f"{d['first_call_extra_s']:.1f}"])
+            d["speedup_over_eager"] = tokens_per_s / data[f"{arch}, batch {batch}, eager"]["tokens_per_s"]
+            rows[-1].append(f"{d['speedup_over_eager']:.2f}x")
+            rows[-2].append("1.00x")
+    results["compiled_decoding"] = data
+    return table(f"4c. Compiled decoding: {new} greedy tokens per row from a {prompt.size(1)}-token prompt (t5: an "
+                 f"8-token encoder input), eager vs torch.compile'd step (kvcache.compiled_decode_step); floor = "
+                 f"weights once per step + each row's KV cache, at the measured copy bandwidth",
+                 ["arch", "batch", "step", "tokens/s", "floor tokens/s", "of floor", "compute bound tokens/s",
+                  "first-call extra s (compile)", "vs eager"], rows)
 
 
 def bench_prefix(device, s, repeats, results):
@@ -320,6 +441,18 @@ def plot(results, path):
     return path
 
 
+def cpu_name():
+    """The processor's model name (Linux: /proc/cpuinfo), else what platform knows: figures need the machine."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def check_out_path(out):
     """--out is the JSON file; the markdown and PNG go beside it. Find out now, not after the run, if it cannot be
     written."""
@@ -353,13 +486,20 @@ def main():
     if device.startswith("cuda"):
         machine = torch.cuda.get_device_name(device)
     else:
-        machine = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+        machine = f"{cpu_name()}, {torch.get_num_threads()} threads"
     print(f"## bench.py on {device} ({machine}), torch {torch.__version__}; model {s['n_layer']} layers x "
           f"{s['n_embd']} dims, block {s['block_size']}; medians of {repeats}")
     results = {"device": device, "machine": machine, "torch": torch.__version__,
                "sizes": {k: str(v) for k, v in s.items()}}
-    sections = {"ceilings": bench_ceilings, "training": bench_training, "attention": bench_attention,
-                "decoding": bench_decoding, "prefix": bench_prefix}
+    compiled_rows = config["compile"]
+    if compiled_rows and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        # compile times as a user's first run pays them: an empty cache of compiled kernels, removed at the end
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = kernel_cache = tempfile.mkdtemp(prefix="bench-inductor-")
+        atexit.register(shutil.rmtree, kernel_cache, ignore_errors=True)
+    sections = {"ceilings": bench_ceilings, "prefix": bench_prefix,
+                "training": lambda *a: bench_training(*a, compiled_rows=compiled_rows),
+                "attention": lambda *a: bench_attention(*a, compiled_rows=compiled_rows),
+                "decoding": lambda *a: bench_decoding(*a, compiled_rows=compiled_rows)}
     todo = ["ceilings"] + [x for x in chosen if x != "ceilings"]  # every other section is read against ceilings
     t0 = time.perf_counter()
     texts, finished = [], []

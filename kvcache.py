@@ -27,6 +27,10 @@ class LayerCache:
 
     def __init__(self, cache, index):
         self.cache, self.index = cache, index
+        # this layer's part of the shared buffers, (B, nh, max_length, hs): writing through a per-layer view lets
+        # torch.compile update it in place; a write into keys[index, ...] made compiled decoding copy the whole
+        # buffer at every layer and step (8x slower than eager at batch 8, bench.py 4c)
+        self.keys, self.values = cache.keys[index], cache.values[index]
 
     def update(self, k, v):
         # k, v: (B, nh, T_new, hs) for the new positions; write them in place, return [cached ; new]
@@ -34,9 +38,9 @@ class LayerCache:
         end = start + k.size(2)
         if end > c.max_length:
             raise ValueError(f"KV cache full: {start} + {k.size(2)} > {c.max_length}")
-        c.keys[self.index, :, :, start:end] = k
-        c.values[self.index, :, :, start:end] = v
-        return c.keys[self.index, :, :, :end], c.values[self.index, :, :, :end]  # views, no copy
+        self.keys[:, :, start:end] = k
+        self.values[:, :, start:end] = v
+        return self.keys[:, :, :end], self.values[:, :, :end]  # views, no copy
 
 
 class FixedKV:
@@ -244,17 +248,35 @@ def prefill_window(model, context, encoder_inputs=None, encoder_lengths=None):
     return cache, prefill(model, context, cache)
 
 
+def decode_step(model, token, cache):
+    """The hot loop of generation: one new position per row, (B, 1) tokens -> (B, V) logits, against the cache."""
+    return forward_with_cache(model, token, cache)[:, -1]
+
+
+# The same step compiled (generate(compiled=True), sample.py --compile=True). At batch 1 a small model's step is
+# mostly Python and per-op overhead (dozens of small kernels per layer); compiled, the element-wise ops fuse and the
+# Python around them goes, leaving the matmuls, i.e. reading the weights (bench.py 4c). No recompilation per token:
+# dynamic=True compiles the cache length (and a batch size above 1) as symbolic sizes, so one graph serves every
+# position; batch 1 and the context's last position get graphs of their own. The prefill stays eager: it runs once
+# per generation. Compiled graphs are kept per code object, up to torch._dynamo.config.recompile_limit (8) sets of
+# guards: a process that decodes with several models in turn may need torch._dynamo.reset() between them (bench.py).
+compiled_decode_step = torch.compile(decode_step, dynamic=True)
+
+
 @torch.inference_mode()  # like no_grad, minus autograd's version counters: less overhead per token
 def generate(model, prompt, max_new_tokens, num_samples=1, temperature=1.0, top_k=None, generator=None,
-             banned=None, encoder_inputs=None, encoder_lengths=None, start_token=None, use_cache=True, stop=None):
+             banned=None, encoder_inputs=None, encoder_lengths=None, start_token=None, use_cache=True, stop=None,
+             compiled=False):
     """Sample continuations with the KV cache: prefill the prompt once, fork the cache to every sample (prefix
     caching), then one position per step. gpt / prefixlm: `prompt` (1, P) is the text so far. t5:
     `encoder_inputs` (1, S) go through the encoder once and the decoder starts from `start_token`. Identical
-    tokens to generate_uncached (tests/test_kvcache.py); use_cache=False runs that reference instead."""
+    tokens to generate_uncached (tests/test_kvcache.py); use_cache=False runs that reference instead.
+    compiled=True runs each decoding step through torch.compile (same tokens as eager, tests/test_kvcache.py)."""
     if not use_cache:
         return generate_uncached(model, prompt, max_new_tokens, num_samples, temperature, top_k, generator, banned,
                                  encoder_inputs, encoder_lengths, start_token, stop)
     model.eval()
+    one_position = compiled_decode_step if compiled else decode_step
     block_size = model.config.block_size
     sequence = start_sequence(model, prompt, num_samples, start_token)
     cache, logits = prefill_window(model, sequence[:1], encoder_inputs, encoder_lengths)
@@ -270,5 +292,5 @@ def generate(model, prompt, max_new_tokens, num_samples=1, temperature=1.0, top_
             window_start = new_start
             cache, logits = prefill_window(model, sequence[:, window_start:], encoder_inputs, encoder_lengths)
         else:
-            logits = forward_with_cache(model, token, cache)[:, -1]  # one position against the cache
+            logits = one_position(model, token, cache)  # against the cache
     return sequence

@@ -12,7 +12,9 @@ machines have no network: it has not been run on the real models here (README, P
     C4     are the conditionals a joint distribution? Over a small vocabulary W (the most frequent words of the
            text, every conditional renormalised to W), GPT-2's chain rule p(x) p(y | x) sums to 1 over W x W by
            construction (an illustration, and a check of the code); BERT's pseudo-likelihood p(x | y) p(y | x)
-           need not (the measurement). Also bits per character of the same text: GPT-2's is a likelihood, BERT's
+           need not, but a joint's own conditionals need not either, so that sum proves nothing. The measurement:
+           a joint's two conditionals multiply to 1 around every cycle (x,y) -> (x',y) -> (x',y') -> (x,y') ->
+           (x,y); the worst |log| of that product, for GPT-2's (0 to rounding) and BERT's. Also bits per character of the same text: GPT-2's is a likelihood, BERT's
            pseudo-likelihood is not (it sees both sides of each token, so it is lower and means something else).
     D3     effective rank of every layer's attention matrices on windows of the text (causal: lower triangular
            with a positive diagonal, full numerical rank by construction; bidirectional: measured)
@@ -48,7 +50,7 @@ def read_text(path):
         if os.path.isfile(candidate):
             with open(candidate, encoding="utf-8") as f:
                 return f.read()[:200_000]
-    raise UserError(f"no text: pass --text=<a UTF-8 file>" if not path else f"--text={path} is not a file")
+    raise UserError("no text: pass --text=<a UTF-8 file>" if not path else f"--text={path} is not a file")
 
 
 # ----------------------------------------------------------------------------- C4
@@ -72,7 +74,22 @@ def two_token_normalisation(gpt, gpt_tok, bert, bert_tok, words):
     p_x_given_y = torch.softmax(left, -1)   # row y: p_W(x | y)
     p_y_given_x = torch.softmax(right, -1)  # row x: p_W(y | x)
     bert_sum = (p_x_given_y.t() * p_y_given_x).sum().item()  # sum_x sum_y p_W(x | y) p_W(y | x)
-    return gpt_sum, bert_sum
+    joint = (first[:, None] + second).exp()  # GPT-2's p_W(x, y); its two conditionals, for the same check as BERT's
+    gpt_cycle = worst_cycle_inconsistency((joint / joint.sum(0, keepdim=True)).log(),
+                                          (joint / joint.sum(1, keepdim=True)).log())
+    bert_cycle = worst_cycle_inconsistency(p_x_given_y.t().log(), p_y_given_x.log())
+    return gpt_sum, bert_sum, gpt_cycle, bert_cycle
+
+
+def worst_cycle_inconsistency(log_x_given_y, log_y_given_x):
+    """Two conditionals, both indexed [x, y], come from one joint only if log p(x | y) - log p(y | x) = u(x) + v(y)
+    (the ratio of the two is p(x) / p(y)); equivalently every cycle (x,y) -> (x',y) -> (x',y') -> (x,y') -> (x,y) of
+    conditional ratios multiplies to 1. Returns the largest |log| of that product over all x, x', y, y' (0 for a
+    joint; tests/test_claims.py runs the same check on the small models)."""
+    D = (log_x_given_y - log_y_given_x).double()  # (W, W)
+    # the cycle's log product is D[x',y] - D[x,y] + D[x,y'] - D[x',y']: a double difference of D
+    cycles = D[None, :, :, None] - D[:, None, :, None] + D[:, None, None, :] - D[None, :, None, :]  # [x, x', y, y']
+    return cycles.abs().max().item()
 
 
 @torch.no_grad()
@@ -150,8 +167,10 @@ def measure(results, config, text, gpt, gpt_tok, bert, bert_tok, device, say):
     vocabulary = [w for w in frequent if len(gpt_tok.encode(" " + w)) == 1
                   and bert_tok.hf.convert_tokens_to_ids(w) != bert_tok.hf.unk_token_id][:config["vocabulary_words"]]
     say(f"C4: normalisation over {len(vocabulary)} x {len(vocabulary)} two-word texts")
-    results["C4 sum over W x W"] = dict(zip(("gpt-2 chain rule", "bert pseudo-likelihood"),
-                                            two_token_normalisation(gpt, gpt_tok, bert, bert_tok, vocabulary)))
+    gpt_sum, bert_sum, gpt_cycle, bert_cycle = two_token_normalisation(gpt, gpt_tok, bert, bert_tok, vocabulary)
+    results["C4 sum over W x W"] = {"gpt-2 chain rule": gpt_sum, "bert pseudo-likelihood": bert_sum}
+    results["C4 worst cycle |log product| over W x W"] = {"gpt-2 (conditionals of its joint)": gpt_cycle,
+                                                          "bert (its conditionals)": bert_cycle}
     starts = torch.randint(0, max(1, len(text) - 400), (config["windows"],), generator=rng).tolist()
     passages = [" ".join(text[s:s + 400].split()[1:-1]) for s in starts]
     say("C4: bits per character")

@@ -5,6 +5,7 @@ Generate from a checkpoint written by train.py.
     python sample.py --out_dir=out-gpt --no_cache          # full recomputation each token, for comparison
     python sample.py --out_dir=out-bert --steps=16         # mask-predict: N [MASK]s filled over 16 forward passes
     python sample.py --init_from=gpt2 --start="The king"   # published weights (pretrained.py; transformers, the hub)
+    python sample.py --out_dir=out-gpt --compile=True --num_samples=32  # compiled decoding, 32 streams, one prefill
 
 gpt, prefixlm and t5 decode left to right with a KV cache (kvcache.py). bert cannot (claim D4): its conditionals
 do not chain into a left-to-right density (claim C4), so it fills [MASK] placeholders by iterative unmasking,
@@ -40,6 +41,7 @@ DEFAULTS = dict(
     steps=32,                 # bert / diffusion: forward passes of iterative unmasking
     order="confident",        # bert / diffusion: reveal the most confident positions, or random ones
     block_length=0,           # bert / diffusion: > 0 = semi-autoregressive blocks left to right
+    compile=False,            # gpt / prefixlm / t5: torch.compile the one-token decoding step (bench.py 4c)
 )
 
 
@@ -153,6 +155,9 @@ def read_prompt(start):
     return start
 
 
+COMPILED_NOTE = ", compiled decoding step (the time includes compiling it: seconds, once per process)"
+
+
 def generate_left_to_right(model, ids, objective, specials, config, generator, stop):
     """gpt / prefixlm / t5: one new token per forward pass, with the KV cache (or recomputing, --no_cache).
     Returns (texts' token lists, what ran)."""
@@ -160,7 +165,7 @@ def generate_left_to_right(model, ids, objective, specials, config, generator, s
     all_specials = specials.special_ids(model.config.vocab_size, device)
     settings = dict(max_new_tokens=config["max_new_tokens"], num_samples=config["num_samples"],
                     temperature=config["temperature"], top_k=config["top_k"] or None, generator=generator,
-                    use_cache=not config["no_cache"], stop=stop)
+                    use_cache=not config["no_cache"], stop=stop, compiled=config["compile"])
     if model.config.arch == "t5":
         # what the encoder reads depends on how it was trained: span filling, UL2's [S2S] mode, or a prefix
         if objective == "span_corruption":
@@ -173,13 +178,13 @@ def generate_left_to_right(model, ids, objective, specials, config, generator, s
         tokens = generate(model, None, encoder_inputs=torch.tensor([source], device=device),
                           start_token=specials.pad, banned=banned, **settings)
         how = "encoder + decoder recomputed per token" if config["no_cache"] else "encoder once, cached decoder"
-        return [row[1:] for row in tokens.tolist()], how
+        return [row[1:] for row in tokens.tolist()], how + COMPILED_NOTE * config["compile"]
     prompt = ids
     if objective == "ul2":  # UL2's sequential denoiser reads [S2S] first
         prompt = [specials.modes["S"]] + ids
     tokens = generate(model, torch.tensor([prompt], device=device), banned=all_specials, **settings)
     how = "full recomputation per token" if config["no_cache"] else "KV cache (one shared prefill, one position per step)"
-    return [row[len(prompt):] for row in tokens.tolist()], how
+    return [row[len(prompt):] for row in tokens.tolist()], how + COMPILED_NOTE * config["compile"]
 
 
 def generate_by_unmasking(model, ids, specials, config, generator, stop):
@@ -210,6 +215,10 @@ def check_sample_config(config, arch, prompt_tokens, block_size, objective):
     if arch != "bert" and unmasking_only:
         raise UserError(f"--{unmasking_only[0]} is for iterative unmasking (bert); {arch} generates left to right: "
                         f"drop it")
+    if config["compile"] and (arch == "bert" or config["no_cache"]):
+        raise UserError("--compile=True compiles the cached one-token decoding step: "
+                        + ("bert has no such step (claim D4), drop --compile" if arch == "bert" else
+                           "it does not apply with --no_cache, drop one of them"))
     if arch == "bert" and config["no_cache"]:
         raise UserError("--no_cache does not apply to bert: it has no cache to turn off (claim D4), every pass "
                         "recomputes the whole sequence")

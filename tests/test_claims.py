@@ -50,31 +50,82 @@ def gpt_log_probability(model, x):
     return logp.gather(-1, x[..., None])[..., 0].sum(-1)
 
 
-def bert_pseudo_log_likelihood(model, x):
-    """sum_i log p(x_i | x_-i): each position masked in turn, the others visible."""
-    total = torch.zeros(x.size(0), dtype=torch.double)
+def bert_conditionals(model, x):
+    """p(x_i = v | x_-i) for every sequence, position and symbol: (N, LENGTH, SYMBOLS), each position masked in turn."""
+    out = []
     for i in range(LENGTH):
         masked = x.clone()
         masked[:, i] = MASK
-        logp = torch.log_softmax(model(masked)[0][:, i, :SYMBOLS].double(), dim=-1)
-        total += logp.gather(-1, x[:, i:i + 1])[:, 0]
-    return total
+        out.append(torch.softmax(model(masked)[0][:, i, :SYMBOLS].double(), dim=-1))
+    return torch.stack(out, dim=1)
+
+
+def conditionals_of_joint(joint):
+    """The full conditionals p(x_i = v | x_-i) that a joint distribution over ALL_SEQUENCES implies."""
+    table = joint.view((SYMBOLS,) * LENGTH)
+    out = torch.empty(len(ALL_SEQUENCES), LENGTH, SYMBOLS, dtype=torch.double)
+    for n, x in enumerate(ALL_SEQUENCES.tolist()):
+        for i in range(LENGTH):
+            row = torch.stack([table[tuple(x[:i] + [v] + x[i + 1:])] for v in range(SYMBOLS)])
+            out[n, i] = row / row.sum()
+    return out
+
+
+def worst_cycle_inconsistency(conditionals):
+    """Full conditionals come from one joint distribution only if, for any two positions i, j, symbols a != a' at i
+    and b != b' at j, and any fixed rest of the sequence, the ratios around the cycle (a,b) -> (a',b) -> (a',b')
+    -> (a,b') -> (a,b) multiply to 1 (each ratio p(x)/p(x') of two sequences differing at one position is a ratio of
+    that position's conditionals). Returns the largest |log| of that product over every cycle (0 for a joint)."""
+    log_c = conditionals.log().view((SYMBOLS,) * LENGTH + (LENGTH, SYMBOLS))
+    worst = 0.0
+    for x in ALL_SEQUENCES.tolist():
+        for i, j in itertools.combinations(range(LENGTH), 2):
+            for a_new, b_new in itertools.product(range(SYMBOLS), repeat=2):
+                a, b = x[i], x[j]
+                if a_new == a or b_new == b:
+                    continue
+
+                def at(a_value, b_value):  # the sequence x with positions i, j set
+                    y = list(x)
+                    y[i], y[j] = a_value, b_value
+                    return tuple(y)
+                cycle = (log_c[at(a, b)][i, a_new] - log_c[at(a, b)][i, a]           # (a,b) -> (a',b)
+                         + log_c[at(a_new, b)][j, b_new] - log_c[at(a_new, b)][j, b]  # -> (a',b')
+                         + log_c[at(a_new, b_new)][i, a] - log_c[at(a_new, b_new)][i, a_new]  # -> (a,b')
+                         + log_c[at(a, b_new)][j, b] - log_c[at(a, b_new)][j, b_new])  # -> (a,b)
+                worst = max(worst, abs(cycle.item()))
+    return worst
 
 
 @torch.no_grad()
-def test_causal_lm_is_a_density_and_mlm_is_not():
-    """Claim C4: p(x) = prod p(x_i | x_<i) is normalised (the 81 probabilities sum to 1); BERT's conditionals do not
-    assemble into a joint (the pseudo-likelihood product over the same 81 sequences does not sum to 1)."""
+def test_mlm_conditionals_belong_to_no_joint_distribution():
+    """Claim C4: BERT's conditionals p(x_i | x_-i) are not those of any joint distribution, so they give no density.
+    The check that can fail: around every cycle of single-position changes, a joint's conditional ratios multiply
+    to 1 (worst_cycle_inconsistency = 0). The conditionals derived from gpt's joint (a real distribution) pass it
+    to rounding; a trained BERT's fail it by a wide margin. (A product of a joint's own conditionals does not sum
+    to 1 either, so "BERT's pseudo-likelihood does not sum to 1" would prove nothing.)"""
     with torch.enable_grad():
         gpt = fit(tiny("gpt", SYMBOLS + 1), lambda x, g: (torch.cat([torch.full((32, 1), BOS), x[:, :-1]], 1), x))
         bert = fit(tiny("bert", SYMBOLS + 1), mask_one_position)
+    from_joint = conditionals_of_joint(gpt_log_probability(gpt, ALL_SEQUENCES).exp())
+    consistent, bert_inconsistency = worst_cycle_inconsistency(from_joint), worst_cycle_inconsistency(
+        bert_conditionals(bert, ALL_SEQUENCES))
+    print(f"worst |log cycle product|: conditionals of gpt's joint {consistent:.2e}, bert's {bert_inconsistency:.3f}")
+    assert consistent < 1e-9
+    assert bert_inconsistency > 0.1
+
+
+@torch.no_grad()
+def test_causal_lm_probabilities_sum_to_one():
+    """Claim C4, illustration (holds by construction: a softmax per position chained by the product rule): gpt's
+    p(x) = prod p(x_i | x_<i) sums to 1 over all 81 sequences, with random and with trained weights. This cannot
+    fail for any causal model with a softmax output; it shows what "a density" means, it does not test the claim."""
+    with torch.enable_grad():
+        gpt = fit(tiny("gpt", SYMBOLS + 1), lambda x, g: (torch.cat([torch.full((32, 1), BOS), x[:, :-1]], 1), x))
     for model in (tiny("gpt", SYMBOLS + 1), gpt):  # random and trained weights
         total = gpt_log_probability(model, ALL_SEQUENCES).exp().sum().item()
         print(f"gpt: sum over all 81 sequences of p(x) = {total:.8f}")
         assert abs(total - 1) < 1e-5
-    total = bert_pseudo_log_likelihood(bert, ALL_SEQUENCES).exp().sum().item()
-    print(f"bert: sum over all 81 sequences of prod_i p(x_i | x_-i) = {total:.6f}")
-    assert abs(total - 1) > 1e-2
 
 
 @torch.no_grad()

@@ -127,6 +127,7 @@ def test_sample_bad_inputs(trained_dir, tmp_path):
         ([f"--out_dir={trained_dir}", "--num_samples=0"], "num_samples"),
         ([f"--out_dir={trained_dir}", "--order=sideways"], "confident or random"),
         ([f"--out_dir={trained_dir}", "--temperature=1e-300"], "too small"),
+        ([f"--out_dir={trained_dir}", "--compile=True", "--no_cache=True"], "drop one of them"),
     ]
     for args, needle in cases:
         print(assert_clean_failure(run_script("sample.py", *args), needle))
@@ -138,6 +139,14 @@ def test_sample_runs_and_reports_speed(trained_dir):
                         "--max_new_tokens=40")
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("To be") == 2 and "tokens/s" in result.stdout
+    # --compile=True (kvcache.compiled_decode_step): greedy text identical to the eager step's
+    texts = {}
+    for compiled in (False, True):
+        result = run_script("sample.py", f"--out_dir={trained_dir}", "--start=To be", "--num_samples=2",
+                            "--max_new_tokens=40", "--temperature=0", f"--compile={compiled}")
+        assert result.returncode == 0, result.stderr
+        texts[compiled] = result.stdout.split("gpt (")[0]
+    assert texts[True] == texts[False] and texts[True].count("To be") == 2
 
 
 def test_prepare_bad_inputs(tmp_path):

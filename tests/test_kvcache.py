@@ -72,6 +72,37 @@ def test_greedy_generation_identical_with_and_without_cache(arch):
     assert cached.size(1) >= 120 and torch.equal(cached, full)
 
 
+COMPILED_TOL = 1e-4  # compiled kernels fuse and reorder float32 arithmetic: equal up to rounding, not bitwise
+
+
+@pytest.mark.parametrize("arch", ["gpt", "prefixlm", "t5"])
+def test_compiled_decoding_equals_eager_decoding(arch):
+    """The compiled decoding step (generate(compiled=True), sample.py --compile=True) is an optimisation, not a
+    different model: the same logits within COMPILED_TOL at every position of two rows, and the same 200 greedy
+    tokens (200 > block: the window slides and the prefill reruns, and the cache length takes every value)."""
+    model = make_model(arch, trained=True, position="rope" if arch == "t5" else "learned")
+    torch._dynamo.reset()  # compile afresh for this model (the other archs' graphs count against a limit)
+    torch._dynamo.utils.counters.clear()
+    g = torch.Generator().manual_seed(6)
+    prompt = torch.randint(0, 40, (2, 7), generator=g)
+    encoder_inputs = torch.randint(0, 40, (2, 11), generator=g) if arch == "t5" else None
+    with torch.inference_mode():
+        caches = [K.KVCache(model, 2, BLOCK), K.KVCache(model, 2, BLOCK)]
+        for cache in caches:
+            K.prefill(model, prompt, cache, encoder_inputs=encoder_inputs)
+        worst = 0.0
+        for _ in range(BLOCK - 7):
+            token = torch.randint(0, 40, (2, 1), generator=g)
+            eager = K.decode_step(model, token, caches[0])
+            worst = max(worst, (K.compiled_decode_step(model, token, caches[1]) - eager).abs().max().item())
+    assert worst < COMPILED_TOL, worst
+    kwargs = dict(encoder_inputs=encoder_inputs[:1], start_token=0) if arch == "t5" else {}
+    eager = K.generate(model, prompt[:1], 200, temperature=0, **kwargs)
+    compiled = K.generate(model, prompt[:1], 200, temperature=0, compiled=True, **kwargs)
+    assert compiled.size(1) >= 200 and torch.equal(compiled, eager)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # it was compiled, not run eagerly
+
+
 def test_chunked_prefill_uses_bottom_right_alignment():
     model = make_model("gpt", trained=True)
     ids = torch.randint(0, 40, (2, 20), generator=torch.Generator().manual_seed(3))

@@ -286,6 +286,10 @@ def test_published_claims_command_on_local_folders(tmp_path, char_dataset):
     # GPT-2's 1 holds by construction (the chain rule): it checks the code, not the claim. BERT's sum is the
     # measurement (a random net barely couples the two tokens, so near 1; still 1000x float error away from it)
     assert abs(sums["gpt-2 chain rule"] - 1) < 1e-6 and abs(sums["bert pseudo-likelihood"] - 1) > 1e-4
+    # the check that can fail (as in tests/test_claims.py): GPT-2's two conditionals come from its joint (float32
+    # rounding, ~3e-6 here); the random BERT's conditionals belong to no joint (~31 here)
+    cycles = data["C4 worst cycle |log product| over W x W"]
+    assert cycles["gpt-2 (conditionals of its joint)"] < 1e-4 and cycles["bert (its conditionals)"] > 1e-2
     assert len(data["D3 effective rank per layer (of T)"]["bert"]) == 1
     assert data["B1/D1 cloze accuracy"]["blanks"] == 20
     assert data["D4 decoding"]["cached"] > 0 and (tmp_path / "published-claims.md").exists()

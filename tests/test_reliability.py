@@ -260,6 +260,21 @@ def test_bfloat16_on_the_cpu_is_real_and_float16_is_refused(char_dataset, tmp_pa
         train.train(config)
 
 
+def test_compiled_training_follows_eager_training(char_dataset, tmp_path):
+    """train.py --compile=True, the GPU recipe's path, run on the CPU: the same losses as eager to float rounding
+    (dropout off: compiled dropout draws other random numbers), and a checkpoint a plain model loads (the
+    compiled wrapper's names never reach the file)."""
+    runs = {}
+    for compiled in (False, True):
+        out = str(tmp_path / str(compiled))
+        run(char_dataset, out, dropout=0.0, max_iters=6, log_interval=1, eval_interval=6, compile=compiled)
+        runs[compiled] = iteration_losses(out)
+    assert [i for i, _ in runs[True]] == [i for i, _ in runs[False]] == list(range(6))
+    assert max(abs(a - b) for (_, a), (_, b) in zip(runs[True], runs[False])) < 1e-4, runs
+    model, saved = checkpoint.load_model(str(tmp_path / "True" / "ckpt.pt"), "cpu")
+    assert not any("_orig_mod" in name for name in saved["model"]) and saved["iter_num"] == 6
+
+
 def test_a_model_that_does_not_fit_in_memory(char_dataset, tmp_path):
     out = str(tmp_path / "o")
     result = run_script("train.py", *tiny_args(char_dataset, out, n_head=1, n_embd=2 ** 18))
