@@ -17,8 +17,10 @@ The chapter's empirical claims at equal compute, on char-level Tiny Shakespeare.
        gpt from the left context only and by exact Bayes (every candidate scored by the window's likelihood:
        V forward passes per blank);
      - supervised positions seen during training and wall-clock time (claim C1).
-2. NoPE (claim D5): causal and bidirectional models without positional encoding learn to reverse a sequence.
-3. Attention rank (claim D3): numerical and effective rank of the trained gpt's and bert's attention matrices.
+2. NoPE (claim D5): causal and bidirectional models without positional encoding, and with learned positions, on
+   index lookup (`d1..d8 SEP q -> d_q`), beside every position-blind baseline scored the same way, 3 seeds.
+3. Attention rank (claim D3): numerical and effective rank of the trained gpt's and bert's attention matrices,
+   beside the same models at initialisation and uniform attention (what the mask alone gives).
 4. Ablation (claim C2): BERT's 80/10/10 against 100% [MASK], measured at positions that are not [MASK].
 Writes study_results/study-<scale>.md (the table README shows) and .json.
 """
@@ -44,11 +46,11 @@ DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_ch
 
 SCALES = {  # model size and the FLOPs budget, expressed as gpt iterations
     "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, gpt_iters=2000, eval_windows=64,
-                bayes_windows=24, nope_steps=1500, eval_iters=20),
+                bayes_windows=24, nope_steps=1500, nope_seeds=3, eval_iters=20),
     "gpu": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, gpt_iters=5000, eval_windows=256,
-                bayes_windows=32, nope_steps=3000, eval_iters=100),
+                bayes_windows=32, nope_steps=3000, nope_seeds=3, eval_iters=100),
     "quick": dict(n_layer=1, n_head=2, n_embd=32, block_size=32, batch_size=4, gpt_iters=15, eval_windows=4,
-                  bayes_windows=2, nope_steps=10, eval_iters=2),
+                  bayes_windows=2, nope_steps=10, nope_seeds=2, eval_iters=2),
 }
 MODELS = [  # name, arch, objective, extra training settings
     ("gpt", "gpt", "clm", {}),
@@ -270,66 +272,101 @@ def non_mask_positions(model, windows, specials, generator):
 
 # ----------------------------------------------------------------------------- claim D5: NoPE
 
-def nope_experiment(steps, device, seed):
-    """Reverse 8 digits: `d1..d8 SEP d8..d1`. The causal model is trained left to right on the whole sequence; the
-    bidirectional one sees `d1..d8 SEP [MASK]x8` and fills the masks. Accuracy on the reversed digits."""
-    digits, SEP, MASK, n = 10, 10, 11, 8
-    results = {}
-    for name, arch, position in (("causal, NoPE", "gpt", "none"), ("bidirectional, NoPE", "bert", "none"),
-                                 ("causal, learned positions", "gpt", "learned"),
-                                 ("bidirectional, learned positions", "bert", "learned")):
-        torch.manual_seed(seed)
-        model = Transformer(ModelConfig(arch=arch, vocab_size=12, block_size=2 * n + 1, n_layer=2, n_head=4,
-                                        n_embd=64, position=position, dropout=0.0)).to(device)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        g = torch.Generator().manual_seed(seed)
+NOPE_DIGITS, NOPE_LENGTH = 10, 8
+NOPE_MODELS = (("causal, NoPE", "gpt", "none"), ("bidirectional, NoPE", "bert", "none"),
+               ("causal, learned positions", "gpt", "learned"), ("bidirectional, learned positions", "bert", "learned"))
 
-        def batch(size):
-            x = torch.randint(0, digits, (size, n), generator=g)
-            sequence = torch.cat([x, torch.full((size, 1), SEP), x.flip(1)], dim=1)
-            if arch == "gpt":
-                targets = sequence[:, 1:].clone()
-                targets[:, :n] = IGNORE_INDEX  # loss on the reversed part only
-                return sequence[:, :-1].to(device), targets.to(device)
-            inputs = sequence.clone()
-            inputs[:, n + 1:] = MASK
-            targets = torch.full_like(sequence, IGNORE_INDEX)
-            targets[:, n + 1:] = sequence[:, n + 1:]
-            return inputs.to(device), targets.to(device)
 
-        for _ in range(steps):
-            _, loss = model(*batch(64))
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        model.eval()
-        with torch.no_grad():
-            inputs, targets = batch(1000)
-            predicted = model(inputs)[0].argmax(-1)
-            scored = targets != IGNORE_INDEX
-            results[name] = (predicted[scored] == targets[scored]).float().mean().item()
-    # what an order-blind model can reach: the same digit at every position, the input's most frequent one
-    x = inputs[:, :n].cpu()  # the digits of the last evaluation batch
-    counts = F.one_hot(x, digits).sum(1)  # (1000, 10)
-    results["order-blind ceiling (most frequent digit everywhere)"] = (counts.max(1).values / n).float().mean().item()
+def nope_batch(size, arch, generator):
+    """Index lookup, the task of claim D5's test: `BOS d1..d8 SEP q` -> d_q, one answer token per example, so no
+    answer is ever an input (under teacher forcing, a task with several answer tokens lets an order-blind model
+    count what it has already emitted: reversing digits that way scored ~46%, a model that knew no order). gpt
+    predicts the answer at q's position; bert reads `BOS d1..d8 SEP q [MASK]` and fills the [MASK].
+    Returns (inputs, targets, digits (size, 8), query (size,))."""
+    n, SEP, MASK, BOS, FIRST_INDEX = NOPE_LENGTH, 10, 11, 12, 13  # query tokens 13..20 name the indices 1..8
+    digits = torch.randint(0, NOPE_DIGITS, (size, n), generator=generator)
+    query = torch.randint(0, n, (size,), generator=generator)
+    answer = digits[torch.arange(size), query]
+    columns = [torch.full((size, 1), BOS), digits, torch.full((size, 1), SEP), (FIRST_INDEX + query)[:, None]]
+    if arch == "bert":
+        columns.append(torch.full((size, 1), MASK))
+    inputs = torch.cat(columns, dim=1)
+    targets = torch.full_like(inputs, IGNORE_INDEX)
+    targets[:, -1] = answer
+    return inputs, targets, digits, query
+
+
+def position_blind_baselines(digits):
+    """What rules that ignore where each digit sits reach on index lookup, scored as the models are (the answer
+    token only). The best of them is the mode of the digits: given only the multiset, the answer is each digit with
+    probability count / 8, so no order-blind model can beat E[max count / 8] (a permutation-equivariant model, e.g.
+    bidirectional NoPE, is one)."""
+    counts = F.one_hot(digits, NOPE_DIGITS).sum(1).double()  # (N, 10)
+    return {"order-blind best (the most frequent digit of the input)": (counts.max(1).values / NOPE_LENGTH).mean().item(),
+            "order-blind: a random digit of the input": ((counts / NOPE_LENGTH) ** 2).sum(1).mean().item(),
+            "chance (a random digit)": 1 / NOPE_DIGITS}
+
+
+def nope_experiment(steps, device, seeds):
+    """Claim D5: the causal mask carries position; bidirectional attention without positions cannot know order.
+    Every model trained `steps` steps per seed on index lookup (nope_batch); accuracy on 2000 fresh examples, with
+    the position-blind baselines on the same examples. Returns {name: [accuracy per seed]}."""
+    results = {name: [] for name, _, _ in NOPE_MODELS}
+    for seed in seeds:
+        for name, arch, position in NOPE_MODELS:
+            torch.manual_seed(seed)
+            model = Transformer(ModelConfig(arch=arch, vocab_size=21, block_size=NOPE_LENGTH + 4, n_layer=2,
+                                            n_head=4, n_embd=64, position=position, dropout=0.0)).to(device)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            g = torch.Generator().manual_seed(seed)
+            for _ in range(steps):
+                inputs, targets, _, _ = nope_batch(64, arch, g)
+                _, loss = model(inputs.to(device), targets.to(device))
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            model.eval()
+            with torch.no_grad():
+                inputs, targets, digits, _ = nope_batch(2000, arch, torch.Generator().manual_seed(10_000 + seed))
+                predicted = model(inputs.to(device))[0][:, -1].argmax(-1).cpu()
+                results[name].append((predicted == targets[:, -1]).double().mean().item())
+        for rule, value in position_blind_baselines(digits).items():  # the same 2000 examples, per seed
+            results.setdefault(rule, []).append(value)
     return results
 
 
 # ----------------------------------------------------------------------------- claim D3: attention rank
 
+def rank_summary(P):
+    """Mean numerical rank and mean effective rank (exp of the entropy of the normalised singular values, Roy &
+    Vetterli 2007) of a stack of attention matrices (..., T, T)."""
+    P = P.double().flatten(0, -3)
+    singular = torch.linalg.svdvals(P)
+    p = singular / singular.sum(-1, keepdim=True)
+    effective = torch.exp(-(p * torch.log(p.clamp(min=1e-30))).sum(-1))
+    return {"numerical": torch.linalg.matrix_rank(P).double().mean().item(), "effective": effective.mean().item()}
+
+
 @torch.no_grad()
 def attention_ranks(model, windows):
-    """Per layer: mean numerical rank (of T) and mean effective rank (exp of the entropy of the normalised
-    singular values, Roy & Vetterli 2007) of the attention matrices, over heads and windows."""
-    rows = []
-    for probabilities in model.attention_maps(windows):  # (N, nh, T, T)
-        P = probabilities.double().flatten(0, 1)
-        singular = torch.linalg.svdvals(P)
-        p = singular / singular.sum(-1, keepdim=True)
-        effective = torch.exp(-(p * torch.log(p.clamp(min=1e-30))).sum(-1))
-        rows.append({"numerical": torch.linalg.matrix_rank(P).double().mean().item(),
-                     "effective": effective.mean().item()})
-    return rows
+    """Per layer: rank_summary of the attention matrices, over heads and windows."""
+    return [rank_summary(probabilities) for probabilities in model.attention_maps(windows)]  # (N, nh, T, T) each
+
+
+@torch.no_grad()
+def attention_rank_baselines(trained, windows, seed):
+    """What the mask alone gives (claim D3 is about training, so the trained ranks are read against these): each
+    model's ranks at initialisation (same config, fresh weights), and uniform attention over the allowed keys,
+    causal (row i: 1/(i+1) on keys 0..i: triangular, full rank) and bidirectional (every row 1/T: rank 1)."""
+    T = windows.size(1)
+    causal = torch.tril(torch.ones(T, T, dtype=torch.double))
+    out = {"uniform causal": rank_summary((causal / causal.sum(-1, keepdim=True))[None]),
+           "uniform bidirectional": rank_summary(torch.full((1, T, T), 1.0 / T, dtype=torch.double))}
+    for name, model in trained.items():
+        torch.manual_seed(seed)
+        fresh = Transformer(model.config).to(windows.device).eval()
+        out[f"{name} at initialisation"] = attention_ranks(fresh, windows)
+    return out
 
 
 # ----------------------------------------------------------------------------- the study
@@ -398,9 +435,12 @@ def main():
             not_done.remove("ablation")
             data["attention_rank"] = {name: attention_ranks(trained[name]["model"], windows[:16])
                                       for name in ("gpt", "bert")}
+            data["attention_rank_baselines"] = attention_rank_baselines(
+                {name: trained[name]["model"] for name in ("gpt", "bert")}, windows[:16], config["seed"])
             not_done.remove("attention_rank")
             print("[study] NoPE experiment (claim D5)", flush=True)
-            data["nope"] = nope_experiment(s["nope_steps"], device, config["seed"])
+            data["nope"] = nope_experiment(s["nope_steps"], device,
+                                           [config["seed"] + i for i in range(s["nope_seeds"])])
             not_done.remove("nope")
     except KeyboardInterrupt:
         data["not_done"] = not_done
@@ -427,14 +467,24 @@ def main():
         lines += [f"| {name} | " + " | ".join(f"{100 * v:.1f}%" for v in values.values()) + " |"
                   for name, values in data["ablation"].items()]
     if "nope" in data:
-        lines += ["", f"Claim D5, reversing 8 digits ({s['nope_steps']} steps):", "", "| model | accuracy |", "|---|---|"]
-        lines += [f"| {name} | {100 * value:.1f}% |" for name, value in data["nope"].items()]
+        seeds = len(data["nope"]["causal, NoPE"])
+        lines += ["", f"Claim D5, index lookup (`BOS d1..d8 SEP q -> d_q`, one answer token; {s['nope_steps']} steps, "
+                      f"{seeds} seeds, mean +- std over seeds; the last three rows are rules that ignore order, "
+                      f"scored on the same examples):", "", "| model or rule | accuracy |", "|---|---|"]
+        for name, values in data["nope"].items():
+            mean, std = mean_std(values)
+            lines.append(f"| {name} | {100 * mean:.1f}%" + (f" +- {100 * std:.1f}" if std is not None else "") + " |")
     if "attention_rank" in data:
-        ranks = data["attention_rank"]
-        lines += ["", f"Claim D3, attention rank of the trained models (T = {T}; numerical / effective, mean over "
-                      f"heads):", "", "| layer | gpt | bert |", "|---|---|---|"]
-        lines += [f"| {i} | {g_['numerical']:.1f} / {g_['effective']:.1f} | {b_['numerical']:.1f} / "
-                  f"{b_['effective']:.1f} |" for i, (g_, b_) in enumerate(zip(ranks["gpt"], ranks["bert"]))]
+        ranks, base = data["attention_rank"], data["attention_rank_baselines"]
+        pair = lambda r: f"{r['numerical']:.1f} / {r['effective']:.1f}"  # noqa: E731
+        lines += ["", f"Claim D3, attention rank (T = {T}, head size {s['n_embd'] // s['n_head']}; numerical / effective, "
+                      f"mean over heads and {min(16, N)} windows), trained beside the same models at initialisation; uniform "
+                      f"attention gives {pair(base['uniform causal'])} causal and {pair(base['uniform bidirectional'])} "
+                      f"bidirectional:", "", "| layer | gpt trained | gpt at init | bert trained | bert at init |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {i} | {pair(g_)} | {pair(gi)} | {pair(b_)} | {pair(bi)} |" for i, (g_, gi, b_, bi) in
+                  enumerate(zip(ranks["gpt"], base["gpt at initialisation"], ranks["bert"],
+                                base["bert at initialisation"]))]
     if "not_done" in data:
         lines += ["", f"**Interrupted: not measured: {', '.join(data['not_done'])}.**"]
     text = "\n".join(lines)
