@@ -218,6 +218,10 @@ def bench_flex_attention(device, q, k, v, T, repeats):
              "FlexAttention, causal within 4 documents": (
                  lambda b, h, i, j: (j <= i) & (document[i] == document[j]),
                  masks.causal_mask(T, device=device) & (document[:, None] == document[None, :]), False)}
+    def cannot_run(e):  # needs a recent PyTorch (and Triton on CUDA); the first line of why, for the table
+        detail = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        return {"ms": float("nan"), "backend": f"cannot run here: {type(e).__name__}: {detail}"}
+
     for name, (rule, mask, is_causal) in rules.items():
         torch._dynamo.reset()  # static shapes for each mask: a recompile with dynamic sizes broke the CPU template
         try:
@@ -226,17 +230,18 @@ def bench_flex_attention(device, q, k, v, T, repeats):
                                                        is_causal=is_causal)
             error = (flex(q, k, v, block_mask=block_mask).float() - reference).abs().max().item()
             seconds = median_time(lambda: flex(q, k, v, block_mask=block_mask), device, repeats * 4)
-            data[name] = {"ms": seconds * 1e3, "backend": f"flex (compiled), max error vs SDPA {error:.1e}"}
-        except Exception as e:  # needs a recent PyTorch (and Triton on CUDA)
-            detail = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
-            data[name] = {"ms": float("nan"), "backend": f"cannot run here: {type(e).__name__}: {detail}"}
-    try:  # training needs the backward pass
+            data[name] = {"ms": seconds * 1e3, "max_error_vs_sdpa": error,
+                          "backend": f"flex (compiled), max error vs SDPA {error:.1e}"}
+        except Exception as e:
+            data[name] = cannot_run(e)
+    try:  # training needs the backward pass: tried on the causal block mask
+        block_mask = create_block_mask(rules["FlexAttention, causal block mask"][0], B=None, H=None, Q_LEN=T,
+                                       KV_LEN=T, device=device)
         grad_q = q.detach().clone().requires_grad_()
         flex(grad_q, k, v, block_mask=block_mask).sum().backward()
         data["FlexAttention backward (training)"] = {"ms": float("nan"), "backend": "runs"}
     except Exception as e:
-        data["FlexAttention backward (training)"] = {"ms": float("nan"),
-                                                     "backend": f"cannot run here: {str(e).split('.')[0][:90]}"}
+        data["FlexAttention backward (training)"] = cannot_run(e)
     return data
 
 
@@ -300,16 +305,17 @@ def bench_decoding(device, s, repeats, results, compiled_rows=True):
             seconds = median_time(lambda: iterative_unmask(models["bert"], prompt, new, steps, mask_id=mask_id,
                                                            temperature=0), device, max(1, repeats // 2), warmup=1)
             run[f"bert mask-predict, {steps} steps"] = {"tokens_per_s": new / seconds, "forward_passes": steps}
-    weight_bytes = gpt.num_parameters() * torch.finfo(s["dtype"]).bits // 8
-    # each token must read every weight once: bandwidth / weight bytes bounds tokens/s (at batch 1). On a CPU whose
-    # caches hold much of a small model the bound can be beaten: then it says the model is too small to be bound
-    floor = results["ceilings"]["copy_bandwidth"] / weight_bytes
+    # each token must read every weight once, and the KV cache: bandwidth / those bytes bounds tokens/s (at batch 1).
+    # On a CPU whose caches hold much of a small model the bound can be beaten: then the model is too small to be
+    # bound. The models stay in float32 (autocast casts on the fly on a GPU), so that is what a step reads
+    weights, cache_numbers, _ = decoding_cost(gpt, prompt.size(1) + new / 2)
+    floor = results["ceilings"]["copy_bandwidth"] / ((weights + cache_numbers) * next(gpt.parameters()).element_size())
     speedup = run["gpt, KV cache"]["tokens_per_s"] / run["gpt, recomputed"]["tokens_per_s"]
     # the floor assumes one read of the weights per token: it applies to token-by-token decoding, not to
     # mask-predict, which reads them once per step for many tokens at a time
     rows = [[name, f"{d['tokens_per_s']:,.1f}", d["forward_passes"],
              f"{100 * d['tokens_per_s'] / floor:.1f}%" if name.startswith("gpt") else "-"] for name, d in run.items()]
-    rows.append(["bandwidth floor (weights read once per token)", f"{floor:,.1f}", "-", "100%"])
+    rows.append(["bandwidth floor (weights and KV cache read once per token)", f"{floor:,.1f}", "-", "100%"])
     text += table(f"4b. Generating {new} tokens from a 16-token prompt, batch 1 (cache speedup {speedup:.1f}x)",
                   ["sampler", "tokens/s", "forward passes", "of bandwidth floor"], rows)
     results["decoding"] = {"lengths": lengths, "ms_per_token": curves, "crossover": crossover,
@@ -328,8 +334,9 @@ def decoding_cost(model, average_context, encoder_length=0):
     c = model.config
     weights = model.num_parameters(exclude_positions=True)
     layers = c.n_layer
-    if c.arch == "t5":
-        weights -= sum(p.numel() for p in model.blocks.parameters())
+    if c.arch == "t5":  # the encoder, its final norm and the cross-attention K/V projections ran once, in the prefill
+        once = [model.blocks, model.final_norm] + [block.cross_attention.key_value for block in model.decoder_blocks]
+        weights -= sum(p.numel() for module in once for p in module.parameters())
         layers = c.n_decoder_layer
     keys = average_context + encoder_length  # (the tied embedding counts once: its matmul is the output head)
     return weights, layers * 2 * keys * c.n_embd, 2 * weights + 4 * layers * keys * c.n_embd
@@ -341,7 +348,7 @@ def bench_compiled_decoding(device, s, repeats, results, models, prompt, new):
     per batch-size regime (1, then any larger): the first generation's extra time is reported as compile time."""
     import kvcache as K
     bandwidth, matmul_rate = results["ceilings"]["copy_bandwidth"], results["ceilings"]["matmul_flops"]
-    bytes_per_number = torch.finfo(s["dtype"]).bits // 8
+    bytes_per_number = next(models["gpt"].parameters()).element_size()  # float32 weights and cache, autocast or not
     cases = [("gpt", 1), ("gpt", 8), ("gpt", 32), ("prefixlm", 1), ("t5", 1)]
     if s["n_embd"] < 128:  # --quick: the rows run, the figures mean nothing
         cases = [("gpt", 1), ("gpt", 8), ("t5", 1)]

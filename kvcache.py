@@ -15,6 +15,8 @@ sequence. The same fact lets several requests share one prompt's K/V (prefix cac
 
 The cache is preallocated (no torch.cat per token): (layers, B, heads, max_length, head size) for K and for V.
 """
+import functools
+
 import torch
 
 import masks
@@ -260,7 +262,11 @@ def decode_step(model, token, cache):
 # position; batch 1 and the context's last position get graphs of their own. The prefill stays eager: it runs once
 # per generation. Compiled graphs are kept per code object, up to torch._dynamo.config.recompile_limit (8) sets of
 # guards: a process that decodes with several models in turn may need torch._dynamo.reset() between them (bench.py).
-compiled_decode_step = torch.compile(decode_step, dynamic=True)
+@functools.cache
+def compiled_decode_step():
+    """decode_step through torch.compile, built on first use: importing the compiler costs ~1 s, which a script
+    that never compiles should not pay."""
+    return torch.compile(decode_step, dynamic=True)
 
 
 @torch.inference_mode()  # like no_grad, minus autograd's version counters: less overhead per token
@@ -276,7 +282,7 @@ def generate(model, prompt, max_new_tokens, num_samples=1, temperature=1.0, top_
         return generate_uncached(model, prompt, max_new_tokens, num_samples, temperature, top_k, generator, banned,
                                  encoder_inputs, encoder_lengths, start_token, stop)
     model.eval()
-    one_position = compiled_decode_step if compiled else decode_step
+    one_position = compiled_decode_step() if compiled else decode_step
     block_size = model.config.block_size
     sequence = start_sequence(model, prompt, num_samples, start_token)
     cache, logits = prefill_window(model, sequence[:1], encoder_inputs, encoder_lengths)

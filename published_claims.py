@@ -14,8 +14,9 @@ machines have no network: it has not been run on the real models here (README, P
            construction (an illustration, and a check of the code); BERT's pseudo-likelihood p(x | y) p(y | x)
            need not, but a joint's own conditionals need not either, so that sum proves nothing. The measurement:
            a joint's two conditionals multiply to 1 around every cycle (x,y) -> (x',y) -> (x',y') -> (x,y') ->
-           (x,y); the worst |log| of that product, for GPT-2's (0 to rounding) and BERT's. Also bits per character of the same text: GPT-2's is a likelihood, BERT's
-           pseudo-likelihood is not (it sees both sides of each token, so it is lower and means something else).
+           (x,y); the worst |log| of that product, for GPT-2's (0 to rounding: a positive control) and BERT's.
+           Also bits per character of the same text: GPT-2's is a likelihood, BERT's pseudo-likelihood is not (it
+           sees both sides of each token, so it is lower and means something else).
     D3     effective rank of every layer's attention matrices on windows of the text (causal: lower triangular
            with a positive diagonal, full numerical rank by construction; bidirectional: measured)
     B1/D1  cloze on words that are one token for both tokenizers: BERT with both sides vs GPT-2 from the left
@@ -169,8 +170,8 @@ def measure(results, config, text, gpt, gpt_tok, bert, bert_tok, device, say):
     say(f"C4: normalisation over {len(vocabulary)} x {len(vocabulary)} two-word texts")
     gpt_sum, bert_sum, gpt_cycle, bert_cycle = two_token_normalisation(gpt, gpt_tok, bert, bert_tok, vocabulary)
     results["C4 sum over W x W"] = {"gpt-2 chain rule": gpt_sum, "bert pseudo-likelihood": bert_sum}
-    results["C4 worst cycle |log product| over W x W"] = {"gpt-2 (conditionals of its joint)": gpt_cycle,
-                                                          "bert (its conditionals)": bert_cycle}
+    results["C4 worst cycle |log product| over W x W"] = {
+        "gpt-2 (conditionals of its joint)": gpt_cycle, "bert (its conditionals)": bert_cycle}
     starts = torch.randint(0, max(1, len(text) - 400), (config["windows"],), generator=rng).tolist()
     passages = [" ".join(text[s:s + 400].split()[1:-1]) for s in starts]
     say("C4: bits per character")

@@ -178,13 +178,13 @@ def generate_left_to_right(model, ids, objective, specials, config, generator, s
         tokens = generate(model, None, encoder_inputs=torch.tensor([source], device=device),
                           start_token=specials.pad, banned=banned, **settings)
         how = "encoder + decoder recomputed per token" if config["no_cache"] else "encoder once, cached decoder"
-        return [row[1:] for row in tokens.tolist()], how + COMPILED_NOTE * config["compile"]
+        return [row[1:] for row in tokens.tolist()], (how + COMPILED_NOTE if config["compile"] else how)
     prompt = ids
     if objective == "ul2":  # UL2's sequential denoiser reads [S2S] first
         prompt = [specials.modes["S"]] + ids
     tokens = generate(model, torch.tensor([prompt], device=device), banned=all_specials, **settings)
     how = "full recomputation per token" if config["no_cache"] else "KV cache (one shared prefill, one position per step)"
-    return [row[len(prompt):] for row in tokens.tolist()], how + COMPILED_NOTE * config["compile"]
+    return [row[len(prompt):] for row in tokens.tolist()], (how + COMPILED_NOTE if config["compile"] else how)
 
 
 def generate_by_unmasking(model, ids, specials, config, generator, stop):

@@ -302,8 +302,9 @@ def position_blind_baselines(digits):
     probability count / 8, so no order-blind model can beat E[max count / 8] (a permutation-equivariant model, e.g.
     bidirectional NoPE, is one)."""
     counts = F.one_hot(digits, NOPE_DIGITS).sum(1).double()  # (N, 10)
-    return {"order-blind best (the most frequent digit of the input)": (counts.max(1).values / NOPE_LENGTH).mean().item(),
-            "order-blind: a random digit of the input": ((counts / NOPE_LENGTH) ** 2).sum(1).mean().item(),
+    share = counts / NOPE_LENGTH
+    return {"order-blind best (the most frequent digit of the input)": share.max(1).values.mean().item(),
+            "order-blind: a random digit of the input": (share ** 2).sum(1).mean().item(),
             "chance (a random digit)": 1 / NOPE_DIGITS}
 
 
@@ -433,10 +434,10 @@ def main():
             data["ablation"] = {name: non_mask_positions(trained[name]["model"], windows, specials, g)
                                 for name in ("bert", "bert-100%-mask")}
             not_done.remove("ablation")
-            data["attention_rank"] = {name: attention_ranks(trained[name]["model"], windows[:16])
-                                      for name in ("gpt", "bert")}
-            data["attention_rank_baselines"] = attention_rank_baselines(
-                {name: trained[name]["model"] for name in ("gpt", "bert")}, windows[:16], config["seed"])
+            ranks = {name: attention_ranks(trained[name]["model"], windows[:16]) for name in ("gpt", "bert")}
+            baselines = attention_rank_baselines({name: trained[name]["model"] for name in ("gpt", "bert")},
+                                                 windows[:16], config["seed"])
+            data["attention_rank"], data["attention_rank_baselines"] = ranks, baselines  # both, or neither
             not_done.remove("attention_rank")
             print("[study] NoPE experiment (claim D5)", flush=True)
             data["nope"] = nope_experiment(s["nope_steps"], device,
@@ -477,10 +478,10 @@ def main():
     if "attention_rank" in data:
         ranks, base = data["attention_rank"], data["attention_rank_baselines"]
         pair = lambda r: f"{r['numerical']:.1f} / {r['effective']:.1f}"  # noqa: E731
-        lines += ["", f"Claim D3, attention rank (T = {T}, head size {s['n_embd'] // s['n_head']}; numerical / effective, "
-                      f"mean over heads and {min(16, N)} windows), trained beside the same models at initialisation; uniform "
-                      f"attention gives {pair(base['uniform causal'])} causal and {pair(base['uniform bidirectional'])} "
-                      f"bidirectional:", "", "| layer | gpt trained | gpt at init | bert trained | bert at init |",
+        lines += ["", f"Claim D3, attention rank (T = {T}, head size {s['n_embd'] // s['n_head']}; numerical / "
+                      f"effective, mean over heads and {min(16, N)} windows), trained beside the same models at "
+                      f"initialisation; uniform attention gives {pair(base['uniform causal'])} causal and "
+                      f"{pair(base['uniform bidirectional'])} bidirectional:", "", "| layer | gpt trained | gpt at init | bert trained | bert at init |",
                   "|---|---|---|---|---|"]
         lines += [f"| {i} | {pair(g_)} | {pair(gi)} | {pair(b_)} | {pair(bi)} |" for i, (g_, gi, b_, bi) in
                   enumerate(zip(ranks["gpt"], base["gpt at initialisation"], ranks["bert"],

@@ -18,6 +18,7 @@ import os
 import random
 import sys
 import time
+import traceback
 from contextlib import nullcontext
 from dataclasses import asdict
 
@@ -442,16 +443,12 @@ def train(config):
             "supervised_seen": supervised_seen, "interrupted": bool(stop), "meta": meta}
 
 
-def main():
-    config = resolve_config(sys.argv[1:])
-    ddp = int(os.environ.get("RANK", -1)) != -1
-    if ddp:
-        from torch.distributed import barrier, destroy_process_group, init_process_group
-        init_process_group(backend="nccl" if torch.cuda.is_available() and config["device"] != "cpu" else "gloo")
+def train_reporting_errors(config, ddp):
+    """train(config), its expected failures turned into one line and an exit status (SystemExit)."""
     try:
         train(config)
         if ddp:  # leave together: gloo aborts (SIGABRT) a process whose peer tears down while it still talks
-            barrier()
+            torch.distributed.barrier()
     except (TrainingDiverged, CheckpointWriteFailed) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(1)
@@ -467,18 +464,32 @@ def main():
     except KeyboardInterrupt:
         print("train.py: interrupted; nothing saved since the last checkpoint", file=sys.stderr)
         sys.exit(130)
-    finally:
-        if ddp:
-            gc.collect()  # the DDP wrapper holds the process group: free it while the interpreter is whole
-            destroy_process_group()
-    if ddp:
-        # A finished run leaves without the interpreter's C++ teardown: there, gloo's transport threads are
-        # sometimes destroyed still running ("terminate called without an active exception", SIGABRT, seen in 1
-        # of ~30 torchrun launches on a 2-core machine even after the barrier and destroy_process_group). Every
-        # file is written and closed by now, so skipping that teardown loses nothing.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+
+
+def main():
+    config = resolve_config(sys.argv[1:])
+    if int(os.environ.get("RANK", -1)) == -1:
+        return train_reporting_errors(config, ddp=False)
+    # Under torchrun every ending, finished or failed, leaves through os._exit: in the interpreter's C++ teardown
+    # gloo's transport threads are sometimes destroyed still running ("terminate called without an active
+    # exception", SIGABRT; 1 in ~30 launches on a 2-core machine, even after a barrier and destroy_process_group),
+    # which turns exit status 0 (or 1, 2, 130) into 134. By then train() has closed its log and released its lock.
+    # Skipped with the teardown: atexit handlers (compile workers stop by themselves when their parent goes).
+    from torch.distributed import destroy_process_group, init_process_group
+    init_process_group(backend="nccl" if torch.cuda.is_available() and config["device"] != "cpu" else "gloo")
+    status = 0
+    try:
+        run_main(lambda: train_reporting_errors(config, ddp=True))  # run_main: UserError -> one line, exit 2
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # not one of ours: show it, as Python would, then leave the same way
+        traceback.print_exc()
+        status = 1
+    gc.collect()  # the DDP wrapper holds the process group: free it while the interpreter is whole
+    destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":

@@ -1,20 +1,20 @@
 #!/bin/bash
+set -euo pipefail
 # Training step time, this project's train.py against nanoGPT's, same shape, same machine, interleaved.
 # nanoGPT lives in a scratch folder outside this repository (its code is never committed here):
 #   git clone https://github.com/karpathy/nanoGPT /tmp/nanogpt
 #   (cd /tmp/nanogpt && python data/shakespeare_char/prepare.py)
 # and this repository's data: python data/shakespeare_char/prepare.py
 # Run from the repository root: bash cpu_runs/nanogpt_compare.sh [/tmp/nanogpt] > cpu_runs/nanogpt_compare.txt
-# Prints the median ms/iteration of iterations 8..29 of every run (the first ones include compilation).
-NANOGPT=${1:-/tmp/nanogpt}
-HERE=$(pwd)
+# Prints the median ms/iteration of iterations 8 and later of every run (the first ones include compilation).
+NANOGPT="${1:-/tmp/nanogpt}"
 LOGS=$(mktemp -d)
 COMMON="--device=cpu --batch_size=8 --block_size=256 --dropout=0.0 --max_iters=30 --log_interval=1 --eval_interval=1000 --eval_iters=2 --gradient_accumulation_steps=1 --lr_decay_iters=30 --warmup_iters=5"
 for round in 1 2; do
   for compile in False True; do
     python train.py --arch=gpt --dataset=shakespeare_char --n_layer=6 --n_head=6 --n_embd=384 --bias=False \
       --out_dir=$LOGS/ours --overwrite=True --compile=$compile $COMMON > $LOGS/ours-$compile-$round.log 2>&1
-    (cd $NANOGPT && python train.py config/train_shakespeare_char.py --dtype=float32 --compile=$compile \
+    (cd "$NANOGPT" && python train.py config/train_shakespeare_char.py --dtype=float32 --compile=$compile \
       --out_dir=$LOGS/nano --always_save_checkpoint=False $COMMON) > $LOGS/nano-$compile-$round.log 2>&1
   done
 done

@@ -1,4 +1,5 @@
 """The chapter's mathematical claims as tests. Each docstring quotes the claim id (../shared/CHAPTER.md)."""
+import functools
 import itertools
 
 import torch
@@ -35,6 +36,18 @@ def fit(model, make_batch, steps=100):
 
 
 BOS, MASK = SYMBOLS, SYMBOLS
+
+
+def next_symbol_batch(x, g):
+    """GPT's task on these tiny sequences: BOS x1 x2 x3 -> x1 x2 x3 x4."""
+    return torch.cat([torch.full((x.size(0), 1), BOS), x[:, :-1]], dim=1), x
+
+
+@functools.cache
+def trained_gpt():
+    """The fitted gpt of the C4 tests, trained once (the tests only read it)."""
+    with torch.enable_grad():
+        return fit(tiny("gpt", SYMBOLS + 1), next_symbol_batch)
 
 
 def mask_one_position(x, g):
@@ -100,14 +113,16 @@ def worst_cycle_inconsistency(conditionals):
 @torch.no_grad()
 def test_mlm_conditionals_belong_to_no_joint_distribution():
     """Claim C4: BERT's conditionals p(x_i | x_-i) are not those of any joint distribution, so they give no density.
-    The check that can fail: around every cycle of single-position changes, a joint's conditional ratios multiply
-    to 1 (worst_cycle_inconsistency = 0). The conditionals derived from gpt's joint (a real distribution) pass it
-    to rounding; a trained BERT's fail it by a wide margin. (A product of a joint's own conditionals does not sum
-    to 1 either, so "BERT's pseudo-likelihood does not sum to 1" would prove nothing.)"""
+    The check: around every cycle of single-position changes, a joint's conditional ratios multiply to 1
+    (worst_cycle_inconsistency = 0). Positive control: the conditionals derived from gpt's joint pass it to
+    rounding (any joint's would: that half checks the checker). The measurement: a trained BERT's fail it by a wide
+    margin. Measured, not structural: a BERT that fitted the data's conditionals exactly would have consistent
+    ones (the true ones); what MLM training gives this 100-step model is a set no distribution has. (A product of
+    a joint's own conditionals does not sum to 1 either, so "BERT's pseudo-likelihood does not sum to 1" would
+    prove nothing.)"""
     with torch.enable_grad():
-        gpt = fit(tiny("gpt", SYMBOLS + 1), lambda x, g: (torch.cat([torch.full((32, 1), BOS), x[:, :-1]], 1), x))
         bert = fit(tiny("bert", SYMBOLS + 1), mask_one_position)
-    from_joint = conditionals_of_joint(gpt_log_probability(gpt, ALL_SEQUENCES).exp())
+    from_joint = conditionals_of_joint(gpt_log_probability(trained_gpt(), ALL_SEQUENCES).exp())
     consistent, bert_inconsistency = worst_cycle_inconsistency(from_joint), worst_cycle_inconsistency(
         bert_conditionals(bert, ALL_SEQUENCES))
     print(f"worst |log cycle product|: conditionals of gpt's joint {consistent:.2e}, bert's {bert_inconsistency:.3f}")
@@ -120,9 +135,7 @@ def test_causal_lm_probabilities_sum_to_one():
     """Claim C4, illustration (holds by construction: a softmax per position chained by the product rule): gpt's
     p(x) = prod p(x_i | x_<i) sums to 1 over all 81 sequences, with random and with trained weights. This cannot
     fail for any causal model with a softmax output; it shows what "a density" means, it does not test the claim."""
-    with torch.enable_grad():
-        gpt = fit(tiny("gpt", SYMBOLS + 1), lambda x, g: (torch.cat([torch.full((32, 1), BOS), x[:, :-1]], 1), x))
-    for model in (tiny("gpt", SYMBOLS + 1), gpt):  # random and trained weights
+    for model in (tiny("gpt", SYMBOLS + 1), trained_gpt()):  # random and trained weights
         total = gpt_log_probability(model, ALL_SEQUENCES).exp().sum().item()
         print(f"gpt: sum over all 81 sequences of p(x) = {total:.8f}")
         assert abs(total - 1) < 1e-5

@@ -163,7 +163,8 @@ def test_bench_bad_inputs():
 
 
 def test_bench_quick_runs_every_section(tmp_path):
-    """bench.py must not rot: the quick run exercises every section (no assertion on speed)."""
+    """bench.py must not rot: the quick run exercises every section and its compiled rows (no assertion on
+    speed)."""
     out = tmp_path / "bench.json"
     result = run_script("bench.py", "--quick", f"--out={out}", "--plots=False")
     assert result.returncode == 0, result.stderr
@@ -173,6 +174,12 @@ def test_bench_quick_runs_every_section(tmp_path):
         assert section in results
     assert set(results["training"]) >= {"gpt", "bert", "prefixlm", "t5"}
     assert (tmp_path / "bench.md").exists() and "### 5." in result.stdout
+    # the compiled rows ran (the GPU recipe's paths, on the CPU): training, FlexAttention, decoding
+    assert results["training"]["gpt"]["compiled"]["ms_per_step"] > 0
+    for mask in ("causal block mask", "prefix-LM block mask", "causal within 4 documents"):
+        flex = results["attention"][f"FlexAttention, {mask}"]
+        assert flex["max_error_vs_sdpa"] < 1e-5, flex  # the same attention as SDPA with the same mask, float32
+    assert {f"gpt, batch {b}, {m}" for b in (1, 8) for m in ("eager", "compiled")} <= set(results["compiled_decoding"])
 
 
 # ----------------------------------------------------------------------------- round 2: values that used to crash
@@ -308,3 +315,13 @@ def test_bench_out_has_one_meaning(tmp_path):
 
 def test_study_refuses_a_huge_seed():
     print(assert_clean_failure(run_script("study.py", "--quick", "--seed=18446744073709551616"), "out of range"))
+
+
+def test_sample_compile_needs_a_decoding_step_to_compile():
+    """--compile=True compiles the cached one-token step: bert has none (claim D4), and --no_cache turns it off."""
+    import sample
+    compiled = dict(sample.DEFAULTS, compile=True)
+    assert "bert has no such step" in user_error(sample.check_sample_config, compiled, "bert", 3, 32, "mlm")
+    assert "drop one of them" in user_error(sample.check_sample_config, dict(compiled, no_cache=True), "gpt", 3, 32,
+                                            "clm")
+    sample.check_sample_config(compiled, "t5", 3, 32, "span_corruption")  # accepted

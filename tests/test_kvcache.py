@@ -94,13 +94,15 @@ def test_compiled_decoding_equals_eager_decoding(arch):
         for _ in range(BLOCK - 7):
             token = torch.randint(0, 40, (2, 1), generator=g)
             eager = K.decode_step(model, token, caches[0])
-            worst = max(worst, (K.compiled_decode_step(model, token, caches[1]) - eager).abs().max().item())
+            worst = max(worst, (K.compiled_decode_step()(model, token, caches[1]) - eager).abs().max().item())
     assert worst < COMPILED_TOL, worst
     kwargs = dict(encoder_inputs=encoder_inputs[:1], start_token=0) if arch == "t5" else {}
     eager = K.generate(model, prompt[:1], 200, temperature=0, **kwargs)
     compiled = K.generate(model, prompt[:1], 200, temperature=0, compiled=True, **kwargs)
     assert compiled.size(1) >= 200 and torch.equal(compiled, eager)
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # it was compiled, not run eagerly
+    # compiled, not run eagerly, and not once per token: batch 2 and batch 1, each with one more graph for the
+    # context's last position (a full cache slice); every other position reuses a graph with a symbolic length
+    assert 1 <= torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 4, torch._dynamo.utils.counters["stats"]
 
 
 def test_chunked_prefill_uses_bottom_right_alignment():

@@ -24,7 +24,7 @@ def test_study_quick_runs_end_to_end(char_dataset, tmp_path):
     # the study's own arithmetic, true whatever the barely trained quick models learned: uniform attention's ranks
     # (bidirectional: one distinct row, rank 1; causal: triangular, full rank) and the NoPE baselines' values
     base = data["attention_rank_baselines"]
-    T = 31  # the quick scale's block 32, less one
+    T = study.SCALES["quick"]["block_size"] - 1  # the evaluation windows' length
     assert base["uniform bidirectional"] == {"numerical": 1.0, "effective": pytest.approx(1.0, abs=1e-9)}
     causal = np.tril(np.ones((T, T)))
     singular = np.linalg.svd(causal / causal.sum(1, keepdims=True), compute_uv=False)  # computed independently
@@ -48,13 +48,16 @@ def test_position_blind_baselines_are_what_their_rules_score():
     examples and score them as the models are scored (the answer token)."""
     inputs, targets, digits, query = study.nope_batch(20000, "gpt", torch.Generator().manual_seed(0))
     answer = targets[:, -1]
-    assert torch.equal(answer, digits[torch.arange(len(query)), query])  # the target is the digit at index q
+    # read the task back from the model's inputs, `BOS d1..d8 SEP q`: the target is the digit at index q
+    assert torch.equal(inputs[:, 1:9], digits) and (inputs[:, 9] == 10).all()
+    assert torch.equal(answer, inputs[torch.arange(len(query)), 1 + inputs[:, 10] - 13])
     stated = study.position_blind_baselines(digits)
     g = torch.Generator().manual_seed(1)
     mode = torch.mode(digits, dim=1).values  # a most frequent digit (ties: any one is as good)
     random_input_digit = digits[torch.arange(len(query)), torch.randint(0, 8, (len(query),), generator=g)]
     played = {"order-blind best (the most frequent digit of the input)": (mode == answer).double().mean().item(),
               "order-blind: a random digit of the input": (random_input_digit == answer).double().mean().item(),
-              "chance (a random digit)": (torch.randint(0, 10, (len(query),), generator=g) == answer).double().mean().item()}
+              "chance (a random digit)": (torch.randint(0, 10, (len(query),), generator=g) == answer).double().mean()
+              .item()}
     for rule, value in stated.items():
         assert abs(played[rule] - value) < 0.01, (rule, played[rule], value)  # 20,000 examples: ~0.3% sampling error
