@@ -31,7 +31,7 @@ class LayerCache:
         self.cache, self.index = cache, index
         # this layer's part of the shared buffers, (B, nh, max_length, hs): writing through a per-layer view lets
         # torch.compile update it in place; a write into keys[index, ...] made compiled decoding copy the whole
-        # buffer at every layer and step (8x slower than eager at batch 8, bench.py 4c)
+        # buffer at every layer and step (measured: 8x slower than eager at batch 8)
         self.keys, self.values = cache.keys[index], cache.values[index]
 
     def update(self, k, v):
@@ -255,9 +255,11 @@ def decode_step(model, token, cache):
     return forward_with_cache(model, token, cache)[:, -1]
 
 
-# The same step compiled (generate(compiled=True), sample.py --compile=True). At batch 1 a small model's step is
-# mostly Python and per-op overhead (dozens of small kernels per layer); compiled, the element-wise ops fuse and the
-# Python around them goes, leaving the matmuls, i.e. reading the weights (bench.py 4c). No recompilation per token:
+# The same step compiled (generate(compiled=True), sample.py --compile=True). Where a small model's batch-1 step is
+# mostly Python and per-op overhead (dozens of small kernels per layer), compiling fuses the element-wise ops and
+# drops the Python around them, leaving the matmuls, i.e. reading the weights. How much that buys depends on the
+# CPU: on the Intel machine of README's Benchmarks eager is already near the bandwidth floor, and compiled decoding
+# is 1.1-1.2x faster (bench.py 4c). No recompilation per token:
 # dynamic=True compiles the cache length (and a batch size above 1) as symbolic sizes, so one graph serves every
 # position; batch 1 and the context's last position get graphs of their own. The prefill stays eager: it runs once
 # per generation. Compiled graphs are kept per code object, up to torch._dynamo.config.recompile_limit (8) sets of
