@@ -20,7 +20,9 @@ The chapter's empirical claims at equal compute, on char-level Tiny Shakespeare.
 2. NoPE (claim D5): causal and bidirectional models without positional encoding, and with learned positions, on
    index lookup (`d1..d8 SEP q -> d_q`), beside every position-blind baseline scored the same way, 3 seeds.
 3. Attention rank (claim D3): numerical and effective rank of the trained gpt's and bert's attention matrices,
-   beside the same models at initialisation and uniform attention (what the mask alone gives).
+   beside the same models at initialisation and uniform attention (what the mask alone gives); and again for a
+   gpt and a bert with heads much smaller than the window (8 vs 255 at CPU scale), where the claim's bottleneck
+   (a head's logits have rank <= head size) can bite.
 4. Ablation (claim C2): BERT's 80/10/10 against 100% [MASK], measured at positions that are not [MASK].
 Writes study_results/study-<scale>.md (the table README shows) and .json.
 """
@@ -46,11 +48,17 @@ DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_ch
 
 SCALES = {  # model size and the FLOPs budget, expressed as gpt iterations
     "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, gpt_iters=2000, eval_windows=64,
-                bayes_windows=24, nope_steps=1500, nope_seeds=3, eval_iters=20),
+                bayes_windows=24, nope_steps=1500, nope_seeds=3, eval_iters=20,
+                small_head=dict(n_layer=2, n_head=4, n_embd=32, block_size=256, batch_size=8, gpt_iters=600,
+                                eval_iters=5)),
     "gpu": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, gpt_iters=5000, eval_windows=256,
-                bayes_windows=32, nope_steps=3000, nope_seeds=3, eval_iters=100),
+                bayes_windows=32, nope_steps=3000, nope_seeds=3, eval_iters=100,
+                small_head=dict(n_layer=4, n_head=8, n_embd=64, block_size=1024, batch_size=16, gpt_iters=2000,
+                                eval_iters=20)),
     "quick": dict(n_layer=1, n_head=2, n_embd=32, block_size=32, batch_size=4, gpt_iters=15, eval_windows=4,
-                  bayes_windows=2, nope_steps=10, nope_seeds=2, eval_iters=2),
+                  bayes_windows=2, nope_steps=10, nope_seeds=2, eval_iters=2,
+                  small_head=dict(n_layer=1, n_head=2, n_embd=8, block_size=64, batch_size=2, gpt_iters=5,
+                                  eval_iters=2)),
 }
 MODELS = [  # name, arch, objective, extra training settings
     ("gpt", "gpt", "clm", {}),
@@ -402,7 +410,8 @@ def main():
                           for i in range(N)]).sort(dim=1).values.to(device)
 
     rows, data = [], {"scale": scale, "device": device, "budget_flops": budget, "models": {}}
-    not_done = [name for name in trained] + ["reference", "ablation", "attention_rank", "nope"]
+    not_done = [name for name in trained] + ["reference", "ablation", "attention_rank", "attention_rank_small_head",
+                                             "nope"]
     try:  # Ctrl-C or SIGTERM: what was measured is written, and the message names what was not
         with StopSignals(immediate=True):
             for number, (name, result) in enumerate(trained.items()):
@@ -439,6 +448,22 @@ def main():
                                                  windows[:16], config["seed"])
             data["attention_rank"], data["attention_rank_baselines"] = ranks, baselines  # both, or neither
             not_done.remove("attention_rank")
+            # claim D3's bottleneck: a head's logits q k^T have rank <= head size, so it can only bite when the head
+            # size is well below T (above: 32 vs 63). gpt and bert again, small heads, long windows, equal FLOPs
+            small = s["small_head"]
+            print(f"[study] attention rank at head size {small['n_embd'] // small['n_head']}, T = "
+                  f"{small['block_size'] - 1} (claim D3): training gpt and bert", flush=True)
+            small_trained, _ = train_all([m for m in MODELS if m[0] in ("gpt", "bert")], small, config["dataset"],
+                                         os.path.join(config["out_dir"], "checkpoints", f"{scale}-small-head"),
+                                         device, meta, config["seed"], quiet=True)
+            if small_trained is None:  # interrupted: what was measured is written
+                raise KeyboardInterrupt
+            small_models = {name: result["model"].eval() for name, result in small_trained.items()}
+            long_windows = get_windows(splits["val"], 16, small["block_size"] - 2, rng).to(device)
+            data["attention_rank_small_head"] = {
+                "ranks": {name: attention_ranks(model, long_windows) for name, model in small_models.items()},
+                "baselines": attention_rank_baselines(small_models, long_windows, config["seed"])}
+            not_done.remove("attention_rank_small_head")
             print("[study] NoPE experiment (claim D5)", flush=True)
             data["nope"] = nope_experiment(s["nope_steps"], device,
                                            [config["seed"] + i for i in range(s["nope_seeds"])])
@@ -475,17 +500,14 @@ def main():
         for name, values in data["nope"].items():
             mean, std = mean_std(values)
             lines.append(f"| {name} | {100 * mean:.1f}%" + (f" +- {100 * std:.1f}" if std is not None else "") + " |")
-    if "attention_rank" in data:
-        ranks, base = data["attention_rank"], data["attention_rank_baselines"]
-        pair = lambda r: f"{r['numerical']:.1f} / {r['effective']:.1f}"  # noqa: E731
-        lines += ["", f"Claim D3, attention rank (T = {T}, head size {s['n_embd'] // s['n_head']}; numerical / "
-                      f"effective, mean over heads and {min(16, N)} windows), trained beside the same models at "
-                      f"initialisation; uniform attention gives {pair(base['uniform causal'])} causal and "
-                      f"{pair(base['uniform bidirectional'])} bidirectional:", "", "| layer | gpt trained | gpt at init | bert trained | bert at init |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {i} | {pair(g_)} | {pair(gi)} | {pair(b_)} | {pair(bi)} |" for i, (g_, gi, b_, bi) in
-                  enumerate(zip(ranks["gpt"], base["gpt at initialisation"], ranks["bert"],
-                                base["bert at initialisation"]))]
+    for key, setting in (("attention_rank", s), ("attention_rank_small_head", s["small_head"])):
+        if key not in data:
+            continue
+        if key == "attention_rank":
+            ranks, base, windows_used = data[key], data["attention_rank_baselines"], min(16, N)
+        else:
+            ranks, base, windows_used = data[key]["ranks"], data[key]["baselines"], 16
+        lines += rank_table(ranks, base, setting, windows_used)
     if "not_done" in data:
         lines += ["", f"**Interrupted: not measured: {', '.join(data['not_done'])}.**"]
     text = "\n".join(lines)
@@ -497,6 +519,20 @@ def main():
         json.dump(data, f, indent=1)
     if data["models"]:
         plot(data, os.path.join(config["out_dir"], f"study-{scale}.png"))
+
+
+def rank_table(ranks, base, setting, windows_used):
+    """Markdown lines of claim D3's table: per layer, trained beside initialisation, with uniform attention."""
+    pair = lambda r: f"{r['numerical']:.1f} / {r['effective']:.1f}"  # noqa: E731
+    T = setting["block_size"] - 1
+    lines = ["", f"Claim D3, attention rank (T = {T}, head size {setting['n_embd'] // setting['n_head']}, "
+                 f"{setting['n_layer']} layers x {setting['n_embd']} dims; numerical / effective, mean over heads and "
+                 f"{windows_used} windows), trained beside the same models at initialisation; uniform attention gives "
+                 f"{pair(base['uniform causal'])} causal and {pair(base['uniform bidirectional'])} bidirectional:", "",
+             "| layer | gpt trained | gpt at init | bert trained | bert at init |", "|---|---|---|---|---|"]
+    lines += [f"| {i} | {pair(g_)} | {pair(gi)} | {pair(b_)} | {pair(bi)} |" for i, (g_, gi, b_, bi) in
+              enumerate(zip(ranks["gpt"], base["gpt at initialisation"], ranks["bert"], base["bert at initialisation"]))]
+    return lines
 
 
 def plot(data, path):
