@@ -32,6 +32,9 @@ def test_study_quick_runs_end_to_end(char_dataset, tmp_path):
     assert base["uniform causal"]["numerical"] == T
     assert base["uniform causal"]["effective"] == pytest.approx(np.exp(-(p * np.log(p)).sum()), rel=1e-9)
     assert len(base["gpt at initialisation"]) == len(data["attention_rank"]["gpt"])
+    small = data["attention_rank_small_head"]  # the head size << T setting: its own, longer windows
+    assert small["baselines"]["uniform causal"]["numerical"] == study.SCALES["quick"]["small_head"]["block_size"] - 1
+    assert len(small["ranks"]["bert"]) == study.SCALES["quick"]["small_head"]["n_layer"]
     nope = data["nope"]
     assert len(nope["causal, NoPE"]) == 2  # one accuracy per seed
     assert nope["chance (a random digit)"] == [0.1, 0.1]
