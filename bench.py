@@ -382,7 +382,7 @@ def bench_compiled_decoding(device, s, repeats, results, models, prompt, new):
                     "compute_bound_tokens_per_s": compute_bound, "first_call_extra_s": max(0.0, first - seconds)}
                 rows.append([arch, batch, mode, f"{tokens_per_s:,.1f}", f"{floor:,.1f}", f"{100 * d['of_floor']:.1f}%",
                              f"{compute_bound:,.0f}", f"{d['first_call_extra_s']:.1f}"])
-            d["speedup_over_eager"] = tokens_per_s / data[f"{arch}, batch {batch}, eager"]["tokens_per_s"]
+            d["speedup_over_eager"] = d["tokens_per_s"] / data[f"{arch}, batch {batch}, eager"]["tokens_per_s"]
             rows[-1].append(f"{d['speedup_over_eager']:.2f}x")
             rows[-2].append("1.00x")
     results["compiled_decoding"] = data
