@@ -1,7 +1,7 @@
 """
 The chapter's empirical claims at equal compute, on char-level Tiny Shakespeare.
 
-    python study.py                  # CPU scale: nanoGPT's CPU recipe size, ~10 minutes on 2 cores
+    python study.py                  # CPU scale: nanoGPT's CPU recipe size, ~11 minutes on 2 cores
     python study.py --scale=gpu      # 6 layers x 384 dims, block 256, on one GPU
     python study.py --quick          # a smoke run in seconds (the test suite runs it)
 
