@@ -86,7 +86,7 @@ def worst_cycle_inconsistency(log_x_given_y, log_y_given_x):
     """Two conditionals, both indexed [x, y], come from one joint only if log p(x | y) - log p(y | x) = u(x) + v(y)
     (the ratio of the two is p(x) / p(y)); equivalently every cycle (x,y) -> (x',y) -> (x',y') -> (x,y') -> (x,y) of
     conditional ratios multiplies to 1. Returns the largest |log| of that product over all x, x', y, y' (0 for a
-    joint; tests/test_claims.py runs the same check on the small models)."""
+    joint; tests/test_claims.py applies it to every pair of positions of the small models)."""
     D = (log_x_given_y - log_y_given_x).double()  # (W, W)
     # the cycle's log product is D[x',y] - D[x,y] + D[x,y'] - D[x',y']: a double difference of D
     cycles = D[None, :, :, None] - D[:, None, :, None] + D[:, None, None, :] - D[None, :, None, :]  # [x, x', y, y']
