@@ -218,6 +218,7 @@ def bench_flex_attention(device, q, k, v, T, repeats):
              "FlexAttention, causal within 4 documents": (
                  lambda b, h, i, j: (j <= i) & (document[i] == document[j]),
                  masks.causal_mask(T, device=device) & (document[:, None] == document[None, :]), False)}
+
     def cannot_run(e):  # needs a recent PyTorch (and Triton on CUDA); the first line of why, for the table
         detail = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         return {"ms": float("nan"), "backend": f"cannot run here: {type(e).__name__}: {detail}"}
@@ -307,9 +308,8 @@ def bench_decoding(device, s, repeats, results, compiled_rows=True):
             run[f"bert mask-predict, {steps} steps"] = {"tokens_per_s": new / seconds, "forward_passes": steps}
     # each token must read every weight once, and the KV cache: bandwidth / those bytes bounds tokens/s (at batch 1).
     # On a CPU whose caches hold much of a small model the bound can be beaten: then the model is too small to be
-    # bound. The models stay in float32 (autocast casts on the fly on a GPU), so that is what a step reads
-    weights, cache_numbers, _ = decoding_cost(gpt, prompt.size(1) + new / 2)
-    floor = results["ceilings"]["copy_bandwidth"] / ((weights + cache_numbers) * next(gpt.parameters()).element_size())
+    # bound
+    floor = decoding_floor(gpt, results["ceilings"]["copy_bandwidth"], 1, prompt.size(1) + new / 2)
     speedup = run["gpt, KV cache"]["tokens_per_s"] / run["gpt, recomputed"]["tokens_per_s"]
     # the floor assumes one read of the weights per token: it applies to token-by-token decoding, not to
     # mask-predict, which reads them once per step for many tokens at a time
@@ -342,13 +342,20 @@ def decoding_cost(model, average_context, encoder_length=0):
     return weights, layers * 2 * keys * c.n_embd, 2 * weights + 4 * layers * keys * c.n_embd
 
 
+def decoding_floor(model, bandwidth, batch, average_context, encoder_length=0):
+    """tokens/s if a step cost only its memory traffic: its weights read once (shared by the batch's rows) and each
+    row's cache, at `bandwidth` bytes/s. The models stay in float32 (autocast casts on the fly on a GPU), and the
+    cache takes their dtype, so that is what a step reads."""
+    weights, cache_per_row, _ = decoding_cost(model, average_context, encoder_length)
+    return batch * bandwidth / ((weights + batch * cache_per_row) * next(model.parameters()).element_size())
+
+
 def bench_compiled_decoding(device, s, repeats, results, models, prompt, new):
     """4c: eager vs torch.compile'd decoding step (kvcache.compiled_decode_step), gpt at batch 1, 8 and 32 from one
     shared prefill (sample.py --num_samples), prefixlm and t5 at batch 1. Compilation is paid once per process and
     per batch-size regime (1, then any larger): the first generation's extra time is reported as compile time."""
     import kvcache as K
     bandwidth, matmul_rate = results["ceilings"]["copy_bandwidth"], results["ceilings"]["matmul_flops"]
-    bytes_per_number = next(models["gpt"].parameters()).element_size()  # float32 weights and cache, autocast or not
     cases = [("gpt", 1), ("gpt", 8), ("gpt", 32), ("prefixlm", 1), ("t5", 1)]
     if s["n_embd"] < 128:  # --quick: the rows run, the figures mean nothing
         cases = [("gpt", 1), ("gpt", 8), ("t5", 1)]
@@ -361,6 +368,9 @@ def bench_compiled_decoding(device, s, repeats, results, models, prompt, new):
             extra = dict(encoder_inputs=t5_inputs, start_token=0) if arch == "t5" else {}
             start = prompt[:, :1] if arch == "t5" else prompt
             context = start.size(1) + new / 2  # average context of the generation
+            encoder_length = t5_inputs.size(1) if arch == "t5" else 0
+            floor = decoding_floor(model, bandwidth, batch, context, encoder_length)
+            compute_bound = matmul_rate / decoding_cost(model, context, encoder_length)[2]  # each row's matmuls, peak
             if done == 0 or cases[done - 1][0] != arch:
                 torch._dynamo.reset()  # a new model: its own graphs (compiled graphs per code object are limited)
             for mode, compiled in (("eager", False), ("compiled", True)):
@@ -372,11 +382,6 @@ def bench_compiled_decoding(device, s, repeats, results, models, prompt, new):
                 first = time_once(generation, device)  # compiles on its first call (for a new batch regime)
                 seconds = median_time(generation, device, max(1, repeats // 2), warmup=0)
                 tokens_per_s = batch * new / seconds
-                weights, cache_per_row, flops_per_row = decoding_cost(model, context,
-                                                                      t5_inputs.size(1) if arch == "t5" else 0)
-                # the floor: a step costs at least reading its weights once (shared by the rows) and each row's cache
-                floor = batch * bandwidth / ((weights + batch * cache_per_row) * bytes_per_number)
-                compute_bound = matmul_rate / flops_per_row  # every row's matmuls at the measured peak rate
                 data[f"{arch}, batch {batch}, {mode}"] = d = {
                     "tokens_per_s": tokens_per_s, "floor_tokens_per_s": floor, "of_floor": tokens_per_s / floor,
                     "compute_bound_tokens_per_s": compute_bound, "first_call_extra_s": max(0.0, first - seconds)}
