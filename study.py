@@ -500,14 +500,11 @@ def main():
         for name, values in data["nope"].items():
             mean, std = mean_std(values)
             lines.append(f"| {name} | {100 * mean:.1f}%" + (f" +- {100 * std:.1f}" if std is not None else "") + " |")
-    for key, setting in (("attention_rank", s), ("attention_rank_small_head", s["small_head"])):
-        if key not in data:
-            continue
-        if key == "attention_rank":
-            ranks, base, windows_used = data[key], data["attention_rank_baselines"], min(16, N)
-        else:
-            ranks, base, windows_used = data[key]["ranks"], data[key]["baselines"], 16
-        lines += rank_table(ranks, base, setting, windows_used)
+    if "attention_rank" in data:
+        lines += rank_table(data["attention_rank"], data["attention_rank_baselines"], s, min(16, N))
+    if "attention_rank_small_head" in data:
+        small = data["attention_rank_small_head"]
+        lines += rank_table(small["ranks"], small["baselines"], s["small_head"], 16)
     if "not_done" in data:
         lines += ["", f"**Interrupted: not measured: {', '.join(data['not_done'])}.**"]
     text = "\n".join(lines)
