@@ -39,7 +39,7 @@ import torch.nn.functional as F
 import objectives
 import train
 from configurator import UserError, apply_overrides, check_seed, model_config, pick_device, run_main
-from progress import StopSignals, format_duration
+from progress import Progress, StopSignals, format_duration
 from dataset import get_windows, load_dataset
 from model import IGNORE_INDEX, ModelConfig, Transformer
 
@@ -321,14 +321,17 @@ def nope_experiment(steps, device, seeds):
     Every model trained `steps` steps per seed on index lookup (nope_batch); accuracy on 2000 fresh examples, with
     the position-blind baselines on the same examples. Returns {name: [accuracy per seed]}."""
     results = {name: [] for name, _, _ in NOPE_MODELS}
-    for seed in seeds:
-        for name, arch, position in NOPE_MODELS:
+    progress = Progress("[study] NoPE training steps", len(seeds) * len(NOPE_MODELS) * steps)
+    for seed_number, seed in enumerate(seeds):
+        for model_number, (name, arch, position) in enumerate(NOPE_MODELS):
+            steps_before = (seed_number * len(NOPE_MODELS) + model_number) * steps
             torch.manual_seed(seed)
             model = Transformer(ModelConfig(arch=arch, vocab_size=21, block_size=NOPE_LENGTH + 4, n_layer=2,
                                             n_head=4, n_embd=64, position=position, dropout=0.0)).to(device)
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
             g = torch.Generator().manual_seed(seed)
-            for _ in range(steps):
+            for step in range(steps):
+                progress.update(steps_before + step)  # a line every 10 s, with the time left
                 inputs, targets, _, _ = nope_batch(64, arch, g)
                 _, loss = model(inputs.to(device), targets.to(device))
                 loss.backward()
