@@ -1,14 +1,16 @@
 """
 The chapter's empirical claims at equal compute, on char-level Tiny Shakespeare.
 
-    python study.py                  # CPU scale: nanoGPT's CPU recipe size, ~11 minutes on 2 cores
+    python study.py                  # CPU scale: nanoGPT's CPU recipe size, 3 seeds, ~55 minutes on 2 cores
     python study.py --scale=gpu      # 6 layers x 384 dims, block 256, on one GPU
     python study.py --quick          # a smoke run in seconds (the test suite runs it)
+    python study.py --reuse=True     # after a Ctrl-C: runs finished with the same settings are loaded, not retrained
 
 1. Trains gpt, bert, prefixlm, t5 and a masked-diffusion bert to the *same training FLOPs* (forward + backward,
    t5's encoder and decoder both counted) at about the same parameter count (t5 splits its layers between its
-   two stacks), then scores all of them on the same held-out windows with metrics that mean the same thing for
-   every architecture:
+   two stacks). Each first gets a learning-rate sweep (3 rates, first seed) and keeps the rate of lowest validation
+   loss on its own objective; then every number is a mean +- std over 3 training seeds. All are scored on the same
+   held-out windows with metrics that mean the same thing for every architecture:
      - bits per character of a window's second half given its first half (claim C4): exact chain rule for gpt,
        prefixlm (first half as prefix) and t5 (first half to the encoder); for bert and the diffusion model the
        chain rule with [MASK] placeholders for the not-yet-scored positions, a proper normalised density costing
@@ -16,19 +18,24 @@ The chapter's empirical claims at equal compute, on char-level Tiny Shakespeare.
      - cloze accuracy on single masked characters (claims B1, D1): bert/diffusion natively, t5 with a sentinel,
        gpt from the left context only and by exact Bayes (every candidate scored by the window's likelihood:
        V forward passes per blank);
-     - supervised positions seen during training and wall-clock time (claim C1).
+     - each model's validation loss on its own objective (its in-distribution score), supervised positions seen
+       during training and wall-clock time (claim C1).
+   And a budget sweep: gpt, bert and diffusion at 1/4 and 1/2 of the budget too (does the gap close with compute?).
 2. NoPE (claim D5): causal and bidirectional models without positional encoding, and with learned positions, on
-   index lookup (`d1..d8 SEP q -> d_q`), beside every position-blind baseline scored the same way, 3 seeds.
+   index lookup (`d1..d8 SEP q -> d_q`), beside every position-blind baseline scored the same way.
 3. Attention rank (claim D3): numerical and effective rank of the trained gpt's and bert's attention matrices,
    beside the same models at initialisation and uniform attention (what the mask alone gives); and again for a
    gpt and a bert with heads much smaller than the window (8 vs 255 at CPU scale), where the claim's bottleneck
    (a head's logits have rank <= head size) can bite.
-4. Ablation (claim C2): BERT's 80/10/10 against 100% [MASK], measured at positions that are not [MASK].
-Writes study_results/study-<scale>.md (the table README shows) and .json.
+4. Ablation (claim C2): BERT's 80/10/10 against 100% [MASK], both trained past the MLM plateau (1.5 x the budget at
+   CPU scale), on inputs without any [MASK]: a new linear probe on the frozen states names the original character
+   at randomly replaced positions (the models' own heads are shown too, an illustration).
+Writes study_results/study-<scale>.md (the table README shows), .json and .png (with matplotlib).
 """
 import json
 import math
 import os
+import shutil
 import sys
 import time
 
@@ -39,24 +46,29 @@ import torch.nn.functional as F
 import objectives
 import train
 from configurator import UserError, apply_overrides, check_seed, model_config, pick_device, run_main
-from progress import Progress, StopSignals, format_duration
+from checkpoint import load_model
+from progress import Progress, StopSignals, format_duration, write_atomically
 from dataset import get_windows, load_dataset
 from model import IGNORE_INDEX, ModelConfig, Transformer
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="study_results",
-                seed=1337, quiet=False)  # quiet=True: no training log lines (only the study's own)
+                seed=1337, quiet=False,  # quiet=True: no training log lines (only the study's own)
+                reuse=False)  # True: load runs finished earlier with the same settings instead of retraining them
 
 SCALES = {  # model size and the FLOPs budget, expressed as gpt iterations
     "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, gpt_iters=2000, eval_windows=64,
-                bayes_windows=24, nope_steps=1500, nope_seeds=3, eval_iters=20,
-                small_head=dict(n_layer=2, n_head=4, n_embd=32, block_size=256, batch_size=8, gpt_iters=3000,
+                bayes_windows=24, nope_steps=1500, eval_iters=20,
+                seeds=3, learning_rates=(5e-4, 1.4e-3, 4e-3), budget_fractions=(0.25, 0.5), ablation_budget=1.5,
+                small_head=dict(n_layer=2, n_head=4, n_embd=32, block_size=256, batch_size=8, gpt_iters=1500,
                                 eval_iters=5)),
     "gpu": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, gpt_iters=5000, eval_windows=256,
-                bayes_windows=32, nope_steps=3000, nope_seeds=3, eval_iters=100,
+                bayes_windows=32, nope_steps=3000, eval_iters=100,
+                seeds=3, learning_rates=(3e-4, 1e-3, 3e-3), budget_fractions=(0.25, 0.5), ablation_budget=1.5,
                 small_head=dict(n_layer=4, n_head=8, n_embd=64, block_size=1024, batch_size=16, gpt_iters=2000,
                                 eval_iters=20)),
     "quick": dict(n_layer=1, n_head=2, n_embd=32, block_size=32, batch_size=4, gpt_iters=15, eval_windows=4,
-                  bayes_windows=2, nope_steps=10, nope_seeds=2, eval_iters=2,
+                  bayes_windows=2, nope_steps=10, eval_iters=2,
+                  seeds=2, learning_rates=(1e-3, 2e-3), budget_fractions=(0.5,), ablation_budget=1.5,
                   small_head=dict(n_layer=1, n_head=2, n_embd=8, block_size=64, batch_size=2, gpt_iters=5,
                                   eval_iters=2)),
 }
@@ -68,53 +80,82 @@ MODELS = [  # name, arch, objective, extra training settings
     ("diffusion", "bert", "diffusion", {}),
     ("bert-100%-mask", "bert", "mlm", {"mlm_mask_fraction": 1.0, "mlm_random_fraction": 0.0}),  # claim C2
 ]
+BUDGET_MODELS = ("gpt", "bert", "diffusion")  # the budget sweep (claim C4's gap against compute)
 LN2 = math.log(2)
 
 
 # ----------------------------------------------------------------------------- training at equal FLOPs
 
-def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet):
+def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=False, divergence_is_a_result=False):
     """Train each (name, arch, objective, extra settings) of `models` on `dataset` to the same training FLOPs:
-    s["gpt_iters"] iterations of the gpt of shape s. Checkpoints go to <checkpoints>-<name>. Returns
-    ({name: train.train's summary + seconds and objective}, budget), or (None, budget) if interrupted."""
+    s["gpt_iters"] iterations of the gpt of shape s (times extra["budget_fraction"], if given). Checkpoints go to
+    <checkpoints>-<name> unless extra names an out_dir; extra may also set learning_rate, min_lr and seed.
+    reuse=True: a run whose folder holds a finished run of exactly these settings (study_run.json, written after
+    training) is loaded instead of retrained, so a long study stopped half-way goes on where it stopped.
+    divergence_is_a_result=True (a learning-rate sweep): a run whose loss stops being finite is recorded as
+    {"diverged": why, "val_loss": None} and the others go on; otherwise it ends the study with one line.
+    Returns ({name: train.train's summary + seconds and objective}, budget), or (None, budget) if interrupted."""
     budget = flops_budget(s, meta)
-    trained, started = {}, time.perf_counter()
+    fractions = [m[3].get("budget_fraction", 1.0) for m in models]  # a run costs its share of the budget
+    trained, started, units_done = {}, time.perf_counter(), 0.0
     for number, (name, arch, objective, extra) in enumerate(models):
-        if trained:  # equal FLOPs: models cost about the same, so the mean so far predicts the rest
-            per_model = (time.perf_counter() - started) / len(trained)
-            left = f", ~{format_duration(per_model * (len(models) - number))} of training left"
-        else:
-            left = ""
-        print(f"[train at equal FLOPs] model {number + 1}/{len(models)}: {name} ({arch}, {objective}){left}", flush=True)
+        extra = dict(extra)
+        fraction = extra.pop("budget_fraction", 1.0)
+        elapsed = time.perf_counter() - started
+        left = f", ~{format_duration(elapsed / units_done * sum(fractions[number:]))} of training left" \
+            if units_done and elapsed > 1 else ""
+        print(f"[train at equal FLOPs] run {number + 1}/{len(models)}: {name} ({arch}, {objective}){left}", flush=True)
         layers = dict(n_layer=s["n_layer"] // 2 or 1, n_decoder_layer=s["n_layer"] // 2 or 1) if arch == "t5" else {}
+        iterations = max(1, round(fraction * s["gpt_iters"]))
         args = dict(arch=arch, objective=objective, dataset=dataset, device=device,
                     out_dir=f"{checkpoints}-{name}", n_layer=s["n_layer"],
                     n_head=s["n_head"], n_embd=s["n_embd"], block_size=s["block_size"], batch_size=s["batch_size"],
-                    dropout=0.0, bias=False, max_iters=10 ** 9, max_flops=float(budget),
-                    lr_decay_iters=s["gpt_iters"], warmup_iters=min(100, s["gpt_iters"] // 10),
+                    dropout=0.0, bias=False, max_iters=10 ** 9, max_flops=float(fraction * budget),
+                    lr_decay_iters=iterations, warmup_iters=min(100, iterations // 10),
                     learning_rate=1e-3, min_lr=1e-4, beta2=0.99, eval_interval=10 ** 9, eval_iters=20,
                     log_interval=10 ** 9, seed=seed, quiet=quiet, overwrite=True)
         args.update(**layers, **extra, eval_iters=s["eval_iters"])
         run_config = train.resolve_config([f"--{k}={v}" for k, v in args.items()])
         # every model decays its learning rate over its own share of the budget: its own iteration count
         per_step = estimate_step_flops(run_config, s, meta)
-        run_config["lr_decay_iters"] = int(budget / per_step) + 1
+        run_config["lr_decay_iters"] = int(fraction * budget / per_step) + 1
+        record = os.path.join(run_config["out_dir"], "study_run.json")
+        settings = {k: v for k, v in run_config.items() if k not in ("quiet", "overwrite")}
+        if reuse and os.path.exists(record):
+            with open(record) as f:
+                done = json.load(f)
+            if done["settings"] == json.loads(json.dumps(settings)):
+                result = dict(done["summary"], model=load_model(os.path.join(run_config["out_dir"], "ckpt.pt"),
+                                                                device)[0], meta=meta)
+                print(f"reused {name}: finished earlier with the same settings ({run_config['out_dir']})", flush=True)
+                trained[name] = result  # the time left is estimated from the runs trained now only
+                continue
+        if os.path.exists(record):
+            os.remove(record)  # from now on the folder holds this run, finished or not
         t0 = time.perf_counter()
         try:
             result = train.train(run_config)
         except train.TrainingDiverged as e:
-            raise UserError(f"{name} diverged: {e}") from None
+            if not divergence_is_a_result:
+                raise UserError(f"{name} diverged: {e}") from None
+            print(f"{name} diverged: {e}", flush=True)
+            trained[name] = {"diverged": str(e), "val_loss": None}
+            units_done += fraction
+            continue
         if result["interrupted"]:
             not_trained = [m[0] for m in models[number:]]
             print(f"interrupted: trained {', '.join(trained) or 'no model'}; not finished: {', '.join(not_trained)} "
                   f"({name}'s checkpoint is in {run_config['out_dir']}); no metrics computed, they compare every "
-                  f"model", flush=True)
+                  f"model (--reuse=True goes on from the finished runs)", flush=True)
             return None, budget
         result["seconds"] = time.perf_counter() - t0
         result["objective"] = objective
+        summary = {k: v for k, v in result.items() if k not in ("model", "meta", "interrupted")}
+        write_atomically(record, json.dumps({"settings": settings, "summary": summary}))
         print(f"trained {name}: {result['iter_num']} iterations, {result['flops'] / 1e12:.2f} TFLOP, "
               f"{result['seconds']:.0f} s, val loss {result['val_loss']:.4f} ({objective})", flush=True)
         trained[name] = result
+        units_done += fraction
     return trained, budget
 
 
@@ -260,22 +301,55 @@ def mean_std(values):
 
 # ----------------------------------------------------------------------------- claim C2: the ablation
 
+def corrupt_without_mask(windows, num_ordinary, generator):
+    """Claim C2's inputs: about 15% of characters replaced by a random other character and no [MASK] anywhere, as
+    at fine-tuning time. Returns (inputs, replaced), replaced marking the positions whose character changed."""
+    chosen = torch.rand(windows.shape, generator=generator) < 0.15
+    random_tokens = torch.randint(0, num_ordinary, windows.shape, generator=generator).to(windows.device)
+    replaced = chosen.to(windows.device) & (random_tokens != windows)
+    return torch.where(replaced, random_tokens, windows), replaced
+
+
 @torch.no_grad()
 def non_mask_positions(model, windows, specials, generator):
-    """Prediction quality where the input is not [MASK]: 15% of characters replaced by a random one (no [MASK]
-    anywhere): accuracy at the replaced positions (recover the original) and at untouched ones (identity)."""
+    """The model's own output head where the input is not [MASK] (corrupt_without_mask): accuracy at the replaced
+    positions (recover the original) and at untouched ones (identity), and at [MASK] on the same positions. An
+    illustration: the 100%-[MASK] model's head never got a loss at a non-[MASK] input, so it fails there by
+    construction; correction_probe is the measurement."""
     V = specials.num_ordinary
-    chosen = (torch.rand(windows.shape, generator=generator) < 0.15).to(windows.device)
-    random_tokens = torch.randint(0, V, windows.shape, generator=generator).to(windows.device)
-    replaced = chosen & (random_tokens != windows)
-    inputs = torch.where(replaced, random_tokens, windows)
-    predicted = text_log_probs(model(inputs)[0], V).argmax(-1)
-    correct = predicted == windows
-    masked_inputs = torch.where(chosen, specials.mask, windows)
-    at_mask = text_log_probs(model(masked_inputs)[0], V).argmax(-1) == windows
-    return {"at [MASK]": at_mask[chosen].float().mean().item(),
+    inputs, replaced = corrupt_without_mask(windows, V, generator)
+    correct = text_log_probs(model(inputs)[0], V).argmax(-1) == windows
+    at_mask = text_log_probs(model(torch.where(replaced, specials.mask, windows))[0], V).argmax(-1) == windows
+    return {"at [MASK]": at_mask[replaced].float().mean().item(),
             "at replaced characters": correct[replaced].float().mean().item(),
-            "at untouched characters": correct[~chosen].float().mean().item()}
+            "at untouched characters": correct[~replaced].float().mean().item()}
+
+
+def correction_probe(model, train_windows, test_windows, num_ordinary, seed, steps=300):
+    """Claim C2 measured: does the [MASK] mismatch hurt the *states* a fine-tuned head reads? A new linear head
+    is trained on the frozen final states of [MASK]-free inputs (corrupt_without_mask of training windows) to
+    name the original character at the replaced positions, which only the context tells (the random character
+    says nothing of it). Returns the head's accuracy on test_windows' replaced positions."""
+    g = torch.Generator().manual_seed(seed)
+
+    def states(windows):
+        inputs, replaced = corrupt_without_mask(windows, num_ordinary, g)
+        with torch.no_grad():
+            hidden = model.run_stack(inputs)  # (N, T, C), after the final norm: what a task head reads
+        return hidden[replaced], windows[replaced]
+
+    x_train, y_train = states(train_windows)
+    x_test, y_test = states(test_windows)
+    torch.manual_seed(seed)
+    head = torch.nn.Linear(x_train.size(1), num_ordinary).to(x_train.device)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=1e-2, weight_decay=1e-2)
+    for _ in range(steps):  # full batch: a few thousand positions
+        loss = F.cross_entropy(head(x_train), y_train)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        return (head(x_test).argmax(-1) == y_test).float().mean().item()
 
 
 # ----------------------------------------------------------------------------- claim D5: NoPE
@@ -393,116 +467,265 @@ def resolve_experiment(defaults, scales):
     return config, scale, pick_device(config["device"])
 
 
+def study_run(model, learning_rate, seed, out_dir, fraction=1.0):
+    """One training run for train_all: an entry of MODELS at a learning rate, seed and share of the budget."""
+    name, arch, objective, extra = model
+    label = f"{name}, lr {learning_rate:g}, seed {seed}" + (f", {fraction:g} of the budget" if fraction != 1 else "")
+    return (label, arch, objective, dict(extra, learning_rate=learning_rate, min_lr=learning_rate / 10, seed=seed,
+                                         out_dir=out_dir, budget_fraction=fraction))
+
+
+def train_runs(runs, s, config, device, meta, divergence_is_a_result=False):
+    """train_all over {key: study_run(...)}; returns {key: summary}, or None when interrupted."""
+    trained, _ = train_all(list(runs.values()), s, config["dataset"], "", device, meta, config["seed"],
+                           config["quiet"], reuse=config["reuse"], divergence_is_a_result=divergence_is_a_result)
+    return None if trained is None else {key: trained[run[0]] for key, run in runs.items()}
+
+
 def main():
     config, scale, device = resolve_experiment(DEFAULTS, SCALES)
     torch.manual_seed(config["seed"])
     s = SCALES[scale]
     t0 = time.perf_counter()
     splits, meta = load_dataset(config["dataset"], s["block_size"], prepare_if_missing=True)
-    trained, budget = train_all(MODELS, s, config["dataset"], os.path.join(config["out_dir"], "checkpoints", scale),
-                                device, meta, config["seed"], config["quiet"])
-    if trained is None:  # interrupted during training: what finished is on disk, and said
+    folder = os.path.join(config["out_dir"], "checkpoints", scale)
+    seeds = [config["seed"] + i for i in range(s["seeds"])]
+    rates, fractions, ablation_share = s["learning_rates"], s["budget_fractions"], s["ablation_budget"]
+    by_name = {model[0]: model for model in MODELS}
+    compared = [model for model in MODELS if model[0] != "bert-100%-mask"]  # the ablation is measured apart (C2)
+    budget = flops_budget(s, meta)
+    print(f"[study] 1/3 learning-rate sweep at equal FLOPs ({budget / 1e12:.2f} TFLOP each): {len(MODELS)} models x "
+          f"rates {', '.join(f'{r:g}' for r in rates)}, seed {seeds[0]}; each keeps the rate of lowest validation "
+          f"loss on its own objective", flush=True)
+    sweep = train_runs({(m[0], lr): study_run(m, lr, seeds[0], f"{folder}-lr{lr:g}-{m[0]}") for m in MODELS
+                        for lr in rates}, s, config, device, meta, divergence_is_a_result=True)
+    if sweep is None:
         return
+    loss = lambda name, lr: sweep[(name, lr)]["val_loss"] or math.inf  # noqa: E731 (None: diverged)
+    chosen = {m[0]: min(rates, key=lambda lr: loss(m[0], lr)) for m in MODELS}
+    if any(loss(name, lr) == math.inf for name, lr in chosen.items()):
+        failed = [name for name, lr in chosen.items() if loss(name, lr) == math.inf]
+        raise UserError(f"every learning rate diverged for {', '.join(failed)}; lower SCALES['{scale}']"
+                        f"['learning_rates'] in study.py")
+    print("[study] learning rates chosen: " + ", ".join(f"{name} {lr:g}" for name, lr in chosen.items()), flush=True)
+    runs = {}
+    for seed in seeds:
+        if seed != seeds[0]:  # the first seed's runs at the chosen rates are the sweep's
+            for model in compared:
+                runs[(model[0], seed)] = study_run(model, chosen[model[0]], seed, f"{folder}-seed{seed}-{model[0]}")
+        for name in BUDGET_MODELS:
+            for fraction in fractions:  # claim C4's gap against compute: does it shrink with the budget?
+                runs[(name, fraction, seed)] = study_run(by_name[name], chosen[name], seed,
+                                                         f"{folder}-budget{fraction:g}-seed{seed}-{name}", fraction)
+        for name in ("bert", "bert-100%-mask"):  # claim C2 at a budget where both have left the MLM plateau
+            runs[(name, "ablation", seed)] = study_run(by_name[name], chosen[name], seed, f"{folder}-ablation"
+                                                       f"{ablation_share:g}-seed{seed}-{name}", ablation_share)
+    print(f"[study] 2/3 every model at its rate, seeds {', '.join(map(str, seeds))}; {', '.join(BUDGET_MODELS)} at "
+          f"{', '.join(f'{f:g}' for f in fractions)} of the budget; bert and bert-100%-mask at {ablation_share:g} x "
+          f"the budget (claim C2): {len(runs)} runs", flush=True)
+    trained = train_runs(runs, s, config, device, meta)
+    if trained is None:
+        return
+    for m in compared:  # seed 1's run at the chosen rate is the study's checkpoint that finetune.py --study reads
+        source, target = f"{folder}-lr{chosen[m[0]]:g}-{m[0]}", f"{folder}-{m[0]}"
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(source, target)
+        trained[(m[0], seeds[0])] = sweep[(m[0], chosen[m[0]])]
+    small = s["small_head"]  # claim D3's bottleneck: a head's logits q k^T have rank <= head size, so it can only
+    # bite when the head size is well below T (above: 32 vs 63). gpt and bert again, small heads, long windows
+    print(f"[study] 3/3 attention rank at head size {small['n_embd'] // small['n_head']}, T = {small['block_size'] - 1} "
+          f"(claim D3): gpt and bert, seeds {', '.join(map(str, seeds))}", flush=True)
+    small_trained = train_runs({(name, seed): study_run(by_name[name], 1e-3, seed, f"{folder}-small-head-seed{seed}-"
+                                                        f"{name}") for seed in seeds for name in ("gpt", "bert")},
+                               small, config, device, meta)
+    if small_trained is None:
+        return
+
     specials = objectives.Specials.from_meta(meta)
+    V = specials.num_ordinary
     rng = np.random.default_rng(config["seed"] + 7)
-    # block_size - 1 characters: room for the EOS that t5 expects after its input
+    # block_size - 1 characters: room for the EOS that t5 expects after its input. The same windows for every
+    # seed: the +- over seeds is the training run's spread, not the choice of evaluation text
     windows = get_windows(splits["val"], s["eval_windows"], s["block_size"] - 2, rng).to(device)
     N, T = windows.shape
     k = max(1, round(0.15 * (T - 1)))
     blanks = torch.stack([torch.randperm(T - 1, generator=torch.Generator().manual_seed(i))[:k] + 1
                           for i in range(N)]).sort(dim=1).values.to(device)
+    data = {"scale": scale, "device": device, "budget_flops": budget, "seeds": seeds, "learning_rates": list(rates),
+            "chosen_learning_rate": chosen, "budget_fractions": list(fractions), "ablation_budget": ablation_share,
+            "models": {m[0]: {"arch": m[1], "objective": m[2], "learning_rate": chosen[m[0]], "seeds": []}
+                       for m in compared}}
+    not_done = ["metrics", "sweep", "budget", "ablation", "attention_rank", "attention_rank_small_head", "nope"]
 
-    rows, data = [], {"scale": scale, "device": device, "budget_flops": budget, "models": {}}
-    not_done = [name for name in trained] + ["reference", "ablation", "attention_rank", "attention_rank_small_head",
-                                             "nope"]
+    def scored(name, result, seed):  # the common metrics of one trained run
+        model = result["model"].eval()
+        bits, extra = second_half_bits(name, model, windows, specials, torch.Generator().manual_seed(seed))
+        return {"seed": seed, "parameters": model.num_parameters(), "iterations": result["iter_num"],
+                "flops": result["flops"], "seconds": result["seconds"], "supervised_seen": result["supervised_seen"],
+                "tokens_seen": result["tokens_seen"], "val_loss": result["val_loss"],
+                "second_half_bits_per_char": bits,
+                "cloze": cloze_accuracy(name, model, windows, blanks, specials, s["bayes_windows"]), **extra}
+
     try:  # Ctrl-C or SIGTERM: what was measured is written, and the message names what was not
         with StopSignals(immediate=True):
-            for number, (name, result) in enumerate(trained.items()):
-                print(f"[study] metrics {number + 1}/{len(trained)}: {name}, "
-                      f"{format_duration(time.perf_counter() - t0)} so far", flush=True)
-                model = result["model"].eval()
-                generator = torch.Generator().manual_seed(config["seed"])
-                bits, extra = second_half_bits(name, model, windows, specials, generator)
-                cloze = cloze_accuracy(name, model, windows, blanks, specials, s["bayes_windows"])
-                entry = {"arch": model.config.arch, "objective": result["objective"],
-                         "parameters": model.num_parameters(), "iterations": result["iter_num"],
-                         "flops": result["flops"], "seconds": result["seconds"],
-                         "supervised_seen": result["supervised_seen"], "tokens_seen": result["tokens_seen"],
-                         "val_loss": result["val_loss"], "second_half_bits_per_char": bits, "cloze": cloze, **extra}
-                data["models"][name] = entry
-                not_done.remove(name)
-                cloze_text = ", ".join(f"{kind} {100 * value:.1f}%" for kind, value in cloze.items())
-                elbo = f" (ELBO {extra['elbo_bits']:.3f})" if "elbo_bits" in extra else ""
-                rows.append([name, result["objective"], f"{entry['parameters'] / 1e6:.2f}M", entry["iterations"],
-                             f"{entry['flops'] / 1e12:.2f}", f"{entry['supervised_seen']:,}", f"{entry['seconds']:.0f}",
-                             f"{entry['val_loss']:.3f}", f"{bits:.3f}{elbo}", cloze_text])
-            reference = unigram_reference(splits["train"], windows, blanks, specials.num_ordinary)
-            data["unigram_reference"] = reference
-            not_done.remove("reference")
-            rows.append(["character frequencies (reference)", "-", "-", "-", "-", "-", "-", "-",
-                         f"{reference['bits_per_char']:.3f}",
-                         f"{100 * reference['cloze']:.1f}% (always the most frequent)"])
-            g = torch.Generator().manual_seed(config["seed"])
-            data["ablation"] = {name: non_mask_positions(trained[name]["model"], windows, specials, g)
-                                for name in ("bert", "bert-100%-mask")}
+            data["unigram_reference"] = unigram_reference(splits["train"], windows, blanks, V)
+            started, total = time.perf_counter(), len(compared) * len(seeds)
+            for number, (seed, name) in enumerate((seed, m[0]) for seed in seeds for m in compared):
+                left = (time.perf_counter() - started) / number * (total - number) if number else 0
+                print(f"[study] metrics {number + 1}/{total}: {name}, seed {seed}"
+                      + (f", ~{format_duration(left)} left" if number else ""), flush=True)
+                data["models"][name]["seeds"].append(scored(name, trained[(name, seed)], seed))
+            not_done.remove("metrics")
+            print("[study] the sweep's and the budget sweep's runs on the common metric", flush=True)
+            data["sweep"] = {m[0]: {} for m in MODELS}
+            for (name, lr), result in sweep.items():
+                bits = None if "diverged" in result else \
+                    second_half_bits(name, result["model"].eval(), windows, specials, torch.Generator())[0]
+                data["sweep"][name][f"{lr:g}"] = {"val_loss": result["val_loss"], "second_half_bits_per_char": bits,
+                                                  "diverged": result.get("diverged")}
+            not_done.remove("sweep")
+            data["budget"] = {name: {} for name in BUDGET_MODELS}
+            for name in BUDGET_MODELS:
+                for fraction in list(fractions) + [1]:
+                    results = [trained[(name, fraction, seed) if fraction != 1 else (name, seed)] for seed in seeds]
+                    scores = [second_half_bits(name, result["model"].eval(), windows, specials,
+                                               torch.Generator().manual_seed(seed)) for result, seed in zip(results, seeds)]
+                    data["budget"][name][f"{fraction:g}"] = {"second_half_bits_per_char": [b for b, _ in scores],
+                                                            "elbo_bits": [e.get("elbo_bits") for _, e in scores],
+                                                            "flops": [result["flops"] for result in results]}
+            not_done.remove("budget")
+            print(f"[study] claim C2 ({ablation_share:g} x the budget): the common metrics, the built-in heads and a "
+                  f"new probe on [MASK]-free inputs", flush=True)
+            probe_train = get_windows(splits["train"], 8 * s["eval_windows"], T - 1, rng).to(device)
+            probe_test = get_windows(splits["val"], 4 * s["eval_windows"], T - 1, rng).to(device)
+            ablation = {"models": {"bert": [], "bert-100%-mask": []}, "own head": {"bert": [], "bert-100%-mask": []},
+                        "probe": {"bert": [], "bert-100%-mask": [], "bert at 1 x the budget": [],
+                                  "bert at initialisation": []}}
+            for seed in seeds:
+                for name in ("bert", "bert-100%-mask"):
+                    result = trained[(name, "ablation", seed)]
+                    ablation["models"][name].append(scored(name, result, seed))
+                    model = result["model"].eval()
+                    ablation["own head"][name].append(non_mask_positions(model, windows, specials,
+                                                                         torch.Generator().manual_seed(seed)))
+                    ablation["probe"][name].append(correction_probe(model, probe_train, probe_test, V, seed))
+                ablation["probe"]["bert at 1 x the budget"].append(correction_probe(
+                    trained[("bert", seed)]["model"].eval(), probe_train, probe_test, V, seed))
+                torch.manual_seed(seed)
+                fresh = Transformer(trained[("bert", seed)]["model"].config).to(device).eval()
+                ablation["probe"]["bert at initialisation"].append(correction_probe(fresh, probe_train, probe_test,
+                                                                                    V, seed))
+            _, replaced = corrupt_without_mask(probe_test, V, torch.Generator().manual_seed(seeds[0]))
+            most_frequent = int(character_counts(splits["train"], V).argmax())
+            ablation["most frequent character at the replaced positions"] = \
+                (probe_test[replaced] == most_frequent).float().mean().item()
+            data["ablation"] = ablation
             not_done.remove("ablation")
-            ranks = {name: attention_ranks(trained[name]["model"], windows[:16]) for name in ("gpt", "bert")}
-            baselines = attention_rank_baselines({name: trained[name]["model"] for name in ("gpt", "bert")},
-                                                 windows[:16], config["seed"])
+            print("[study] claim D3: attention ranks", flush=True)
+            ranks = {name: [attention_ranks(trained[(name, seed)]["model"].eval(), windows[:16]) for seed in seeds]
+                     for name in ("gpt", "bert")}
+            baselines = [attention_rank_baselines({name: trained[(name, seed)]["model"] for name in ("gpt", "bert")},
+                                                  windows[:16], seed) for seed in seeds]
             data["attention_rank"], data["attention_rank_baselines"] = ranks, baselines  # both, or neither
             not_done.remove("attention_rank")
-            # claim D3's bottleneck: a head's logits q k^T have rank <= head size, so it can only bite when the head
-            # size is well below T (above: 32 vs 63). gpt and bert again, small heads, long windows, equal FLOPs
-            small = s["small_head"]
-            print(f"[study] attention rank at head size {small['n_embd'] // small['n_head']}, T = "
-                  f"{small['block_size'] - 1} (claim D3): training gpt and bert", flush=True)
-            small_trained, _ = train_all([m for m in MODELS if m[0] in ("gpt", "bert")], small, config["dataset"],
-                                         os.path.join(config["out_dir"], "checkpoints", f"{scale}-small-head"),
-                                         device, meta, config["seed"], quiet=True)
-            if small_trained is None:  # interrupted: what was measured is written
-                raise KeyboardInterrupt
-            small_models = {name: result["model"].eval() for name, result in small_trained.items()}
             long_windows = get_windows(splits["val"], 16, small["block_size"] - 2, rng).to(device)
             data["attention_rank_small_head"] = {
-                "ranks": {name: attention_ranks(model, long_windows) for name, model in small_models.items()},
-                "baselines": attention_rank_baselines(small_models, long_windows, config["seed"])}
+                "ranks": {name: [attention_ranks(small_trained[(name, seed)]["model"].eval(), long_windows)
+                                 for seed in seeds] for name in ("gpt", "bert")},
+                "baselines": [attention_rank_baselines({name: small_trained[(name, seed)]["model"]
+                                                        for name in ("gpt", "bert")}, long_windows, seed)
+                              for seed in seeds]}
             not_done.remove("attention_rank_small_head")
             print("[study] NoPE experiment (claim D5)", flush=True)
-            data["nope"] = nope_experiment(s["nope_steps"], device,
-                                           [config["seed"] + i for i in range(s["nope_seeds"])])
+            data["nope"] = nope_experiment(s["nope_steps"], device, seeds)
             not_done.remove("nope")
     except KeyboardInterrupt:
         data["not_done"] = not_done
         print(f"interrupted: not measured: {', '.join(not_done)}; writing what was", flush=True)
     data["seconds"] = time.perf_counter() - t0
+    text = "\n".join(report(data, s, N, V))
+    print("\n" + text)
+    os.makedirs(config["out_dir"], exist_ok=True)
+    write_atomically(os.path.join(config["out_dir"], f"study-{scale}.md"), text + "\n")
+    write_atomically(os.path.join(config["out_dir"], f"study-{scale}.json"), json.dumps(data, indent=1))
+    if "metrics" not in not_done:
+        plot(data, os.path.join(config["out_dir"], f"study-{scale}.png"))
 
-    V = specials.num_ordinary
-    lines = [f"Equal-compute study, scale `{scale}` ({s['n_layer']} layers x {s['n_embd']} dims, block "
+
+# ----------------------------------------------------------------------------- the report
+
+def plus_minus(values, digits=3, percent=False):
+    """'mean +- std' over seeds ('mean' alone for one value)."""
+    mean, std = mean_std([100 * v if percent and v is not None else v for v in values])
+    if mean is None:
+        return "-"
+    unit = "%" if percent else ""
+    return f"{mean:.{digits}f}{unit}" + (f" +- {std:.{digits}f}" if std is not None else "")
+
+
+def report(data, s, N, V):
+    """The markdown of study-<scale>.md: every number is a mean +- std over the seeds unless it says otherwise."""
+    budget, seeds = data["budget_flops"], data["seeds"]
+    lines = [f"Equal-compute study, scale `{data['scale']}` ({s['n_layer']} layers x {s['n_embd']} dims, block "
              f"{s['block_size']}, batch {s['batch_size']}), budget {budget / 1e12:.2f} TFLOP per model (= "
-             f"{s['gpt_iters']} gpt iterations), device {device}, {N} held-out windows. Whole run "
-             f"{data['seconds'] / 60:.1f} min. t5 splits the layers, {s['n_layer'] // 2 or 1} + {s['n_layer'] // 2 or 1}; "
-             f"gpt's exact-Bayes cloze uses the first {min(N, s['bayes_windows'])} windows ({V} forward passes per "
-             f"blank), every other cloze all {N}. The last row is what character frequencies alone achieve: models "
-             f"near it learned little beyond them at this budget.", "",
-             "| model | objective | params | iters | TFLOP | supervised positions | train s | val loss (own units) "
-             "| bits/char, 2nd half given 1st | cloze accuracy |", "|" + "---|" * 10]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    if "gpt" in data["models"] and "diffusion" in data["models"]:
-        lines += ["", f"Validation loss as bits/char: gpt exact NLL {data['models']['gpt']['val_loss'] / LN2:.3f}, "
-                      f"diffusion ELBO (upper bound on its NLL) {data['models']['diffusion']['val_loss'] / LN2:.3f}."]
+             f"{s['gpt_iters']} gpt iterations), device {data['device']}, {N} held-out windows. Every number is a "
+             f"mean +- std over {len(seeds)} training seeds ({', '.join(map(str, seeds))}; the same evaluation "
+             f"windows for all) unless it says otherwise. Whole run {data['seconds'] / 60:.1f} min. t5 splits the "
+             f"layers, {s['n_layer'] // 2 or 1} + {s['n_layer'] // 2 or 1}; gpt's exact-Bayes cloze uses the first "
+             f"{min(N, s['bayes_windows'])} windows ({V} forward passes per blank), every other cloze all {N}. Each "
+             f"model trains at the learning rate of the sweep below. 'in its own setting' is the validation loss of "
+             f"the model's training objective (nats per supervised position: gpt next character, bert the 15% "
+             f"corrupted positions, prefixlm the second half given the first, t5 its spans, diffusion its weighted "
+             f"ELBO); it is the model's in-distribution score, comparable only between models of the same objective. "
+             f"The common metric, bits/char of a window's second half given the first, is gpt's native task and far "
+             f"from how bert (15% blanks) and t5 (short spans) were trained; cloze (15% of characters blanked one at a "
+             f"time) is bert's. The last row is what character frequencies alone achieve.", ""]
+    if data["models"]["gpt"]["seeds"]:
+        lines += ["| model | objective | lr | params | iters | supervised positions | train s | in its own setting "
+                  "(val loss) | bits/char, 2nd half given 1st | cloze accuracy |", "|" + "---|" * 10]
+        for name, model in data["models"].items():
+            runs = model["seeds"]
+            if not runs:
+                continue
+            column = lambda key: [run[key] for run in runs]  # noqa: E731
+            bits = plus_minus(column("second_half_bits_per_char"))
+            if "elbo_bits" in runs[0]:
+                bits += f" (ELBO {plus_minus(column('elbo_bits'))})"
+            cloze = ", ".join(f"{kind} {plus_minus([run['cloze'][kind] for run in runs], 1, True)}"
+                              for kind in runs[0]["cloze"])
+            lines.append(f"| {name} | {model['objective']} | {model['learning_rate']:g} | "
+                         f"{runs[0]['parameters'] / 1e6:.2f}M | {round(np.mean(column('iterations')))} | "
+                         f"{round(np.mean(column('supervised_seen'))):,} | {plus_minus(column('seconds'), 0)} | "
+                         f"{plus_minus(column('val_loss'))} | {bits} | {cloze} |")
+        reference = data["unigram_reference"]
+        lines.append(f"| character frequencies (reference) | - | - | - | - | - | - | - | "
+                     f"{reference['bits_per_char']:.3f} | {100 * reference['cloze']:.1f}% (always the most frequent) |")
+        gpt, diffusion = data["models"]["gpt"]["seeds"], data["models"]["diffusion"]["seeds"]
+        if gpt and diffusion:
+            lines += ["", f"Validation loss as bits/char: gpt exact NLL "
+                          f"{plus_minus([run['val_loss'] / LN2 for run in gpt])}, diffusion ELBO (an upper bound on its "
+                          f"NLL) {plus_minus([run['val_loss'] / LN2 for run in diffusion])}."]
+    if "sweep" in data:
+        rates = data["learning_rates"]
+        lines += ["", f"Learning-rate sweep, seed {seeds[0]} only, each rate at the full budget (min lr = rate / 10, "
+                      f"cosine): validation loss on the model's own objective / bits/char of the second half; * = the "
+                      f"rate kept (lowest validation loss; chosen without looking at the common metric):", "",
+                  "| model | " + " | ".join(f"lr {r:g}" for r in rates) + " |", "|---|" + "---|" * len(rates)]
+        for name, by_rate in data["sweep"].items():
+            cells = [by_rate[f"{r:g}"] for r in rates]
+            lines.append(f"| {name} | " + " | ".join(
+                ("diverged" if cell["diverged"] else f"{cell['val_loss']:.3f} / {cell['second_half_bits_per_char']:.3f}")
+                + (" *" if r == data["chosen_learning_rate"][name] else "") for r, cell in zip(rates, cells)) + " |")
+    if "budget" in data:
+        lines += budget_table(data)
     if "ablation" in data:
-        lines += ["", "Claim C2, prediction where the input is not [MASK] (accuracy):", "",
-                  "| model | at [MASK] | at replaced characters | at untouched characters |", "|---|---|---|---|"]
-        lines += [f"| {name} | " + " | ".join(f"{100 * v:.1f}%" for v in values.values()) + " |"
-                  for name, values in data["ablation"].items()]
+        lines += ablation_table(data)
     if "nope" in data:
-        seeds = len(data["nope"]["causal, NoPE"])
+        nope_seeds = len(data["nope"]["causal, NoPE"])
         lines += ["", f"Claim D5, index lookup (`BOS d1..d8 SEP q -> d_q`, one answer token; {s['nope_steps']} steps, "
-                      f"{seeds} seeds, mean +- std over seeds; the last three rows are rules that ignore order, "
-                      f"scored on the same examples):", "", "| model or rule | accuracy |", "|---|---|"]
-        for name, values in data["nope"].items():
-            mean, std = mean_std(values)
-            lines.append(f"| {name} | {100 * mean:.1f}%" + (f" +- {100 * std:.1f}" if std is not None else "") + " |")
+                      f"{nope_seeds} seeds; the last three rows are rules that ignore order, scored on the same "
+                      f"examples):", "", "| model or rule | accuracy |", "|---|---|"]
+        lines += [f"| {name} | {plus_minus(values, 1, True)} |" for name, values in data["nope"].items()]
     if "attention_rank" in data:
         lines += rank_table(data["attention_rank"], data["attention_rank_baselines"], s, min(16, N))
     if "attention_rank_small_head" in data:
@@ -510,49 +733,118 @@ def main():
         lines += rank_table(small["ranks"], small["baselines"], s["small_head"], 16)
     if "not_done" in data:
         lines += ["", f"**Interrupted: not measured: {', '.join(data['not_done'])}.**"]
-    text = "\n".join(lines)
-    print("\n" + text)
-    os.makedirs(config["out_dir"], exist_ok=True)
-    with open(os.path.join(config["out_dir"], f"study-{scale}.md"), "w") as f:
-        f.write(text + "\n")
-    with open(os.path.join(config["out_dir"], f"study-{scale}.json"), "w") as f:
-        json.dump(data, f, indent=1)
-    if data["models"]:
-        plot(data, os.path.join(config["out_dir"], f"study-{scale}.png"))
+    return lines
 
 
-def rank_table(ranks, base, setting, windows_used):
+def budget_table(data):
+    """Claim C4's gap against compute: bits/char of the second half at each share of the budget, and each
+    model's gap to gpt (paired by seed)."""
+    shares = [f"{f:g}" for f in data["budget_fractions"]] + ["1"]
+    budget = data["budget"]
+    tflop = ", ".join(f"{float(f) * data['budget_flops'] / 1e12:.2f}" for f in shares)
+    lines = ["", f"Does the gap close with compute? bits/char of the second half given the first at "
+                 f"{', '.join(shares)} x the budget ({tflop} TFLOP), each model at its chosen rate, its schedule "
+                 f"sized to its budget; the gap to gpt is per seed, then mean +- std. Character frequencies: "
+                 f"{data['unigram_reference']['bits_per_char']:.3f}.", "",
+             "| model | " + " | ".join(f"{f} x budget" for f in shares) + " |", "|---|" + "---|" * len(shares)]
+    for name in budget:
+        lines.append(f"| {name} | " + " | ".join(plus_minus(budget[name][f]["second_half_bits_per_char"])
+                                                 for f in shares) + " |")
+        if budget[name][shares[0]]["elbo_bits"][0] is not None:
+            lines.append(f"| {name} (ELBO) | " + " | ".join(plus_minus(budget[name][f]["elbo_bits"]) for f in shares)
+                         + " |")
+    for name in budget:
+        if name != "gpt":
+            gaps = [[b - g for b, g in zip(budget[name][f]["second_half_bits_per_char"],
+                                           budget["gpt"][f]["second_half_bits_per_char"])] for f in shares]
+            lines.append(f"| {name} - gpt | " + " | ".join(plus_minus(gap) for gap in gaps) + " |")
+    return lines
+
+
+def ablation_table(data):
+    """Claim C2: where the input holds no [MASK], the built-in heads (an illustration) and a new probe (the
+    measurement), beside whether both models are past the plateau at all."""
+    ablation, reference = data["ablation"], data["unigram_reference"]
+    lines = ["", f"Claim C2: bert (80/10/10) against bert-100%-mask (every chosen position [MASK]), both at "
+                 f"{data['ablation_budget']:g} x the budget, each at its learning rate from the sweep. Past the "
+                 f"plateau? Their common metrics beside character frequencies ({reference['bits_per_char']:.3f} "
+                 f"bits/char; cloze {100 * reference['cloze']:.1f}%):", "",
+             "| model | val loss (own objective) | bits/char, 2nd half given 1st | cloze accuracy |", "|---|---|---|---|"]
+    for name, runs in ablation["models"].items():
+        lines.append(f"| {name} | {plus_minus([run['val_loss'] for run in runs])} | "
+                     f"{plus_minus([run['second_half_bits_per_char'] for run in runs])} | "
+                     f"{plus_minus([run['cloze']['both sides'] for run in runs], 1, True)} |")
+    lines += ["", "Inputs with about 15% of characters replaced by a random one and no [MASK] anywhere (as at "
+                  "fine-tuning). The models' own output heads (an illustration: the 100%-[MASK] model's never got a "
+                  "loss at a non-[MASK] input, so it fails there by construction):", "",
+              "| model | at [MASK] (same positions) | at replaced characters | at untouched characters |",
+              "|---|---|---|---|"]
+    for name, runs in ablation["own head"].items():
+        lines.append(f"| {name} | " + " | ".join(plus_minus([run[kind] for run in runs], 1, True)
+                                                 for kind in runs[0]) + " |")
+    lines += ["", "The measurement: a new linear head trained on each model's frozen final states (training windows) "
+                  "to name the original character at the replaced positions, scored on held-out windows (accuracy):",
+              "", "| states of | probe accuracy at replaced characters |", "|---|---|"]
+    lines += [f"| {name} | {plus_minus(values, 1, True)} |" for name, values in ablation["probe"].items()]
+    lines.append(f"| (rule) always the most frequent character | "
+                 f"{100 * ablation['most frequent character at the replaced positions']:.1f}% |")
+    return lines
+
+
+def rank_table(ranks, baselines, setting, windows_used):
     """Markdown lines of claim D3's table: per layer, trained beside initialisation, with uniform attention."""
-    pair = lambda r: f"{r['numerical']:.1f} / {r['effective']:.1f}"  # noqa: E731
+    mean = lambda runs, layer, kind: float(np.mean([run[layer][kind] for run in runs]))  # noqa: E731
+    cell = lambda runs, layer: (f"{mean(runs, layer, 'numerical'):.1f} / "  # noqa: E731
+                                f"{plus_minus([run[layer]['effective'] for run in runs], 1)}")
+    uniform = lambda kind: f"{baselines[0][kind]['numerical']:.1f} / {baselines[0][kind]['effective']:.1f}"  # noqa: E731
     T = setting["block_size"] - 1
     lines = ["", f"Claim D3, attention rank (T = {T}, head size {setting['n_embd'] // setting['n_head']}, "
-                 f"{setting['n_layer']} layers x {setting['n_embd']} dims; numerical / effective, mean over heads and "
-                 f"{windows_used} windows), trained beside the same models at initialisation; uniform attention gives "
-                 f"{pair(base['uniform causal'])} causal and {pair(base['uniform bidirectional'])} bidirectional:", "",
+                 f"{setting['n_layer']} layers x {setting['n_embd']} dims; numerical rank (mean) / effective rank "
+                 f"(mean +- std over seeds), each over heads and {windows_used} windows), trained beside the same "
+                 f"models at initialisation; uniform attention gives {uniform('uniform causal')} causal and "
+                 f"{uniform('uniform bidirectional')} bidirectional:", "",
              "| layer | gpt trained | gpt at init | bert trained | bert at init |", "|---|---|---|---|---|"]
-    lines += [f"| {i} | {pair(g_)} | {pair(gi)} | {pair(b_)} | {pair(bi)} |" for i, (g_, gi, b_, bi) in
-              enumerate(zip(ranks["gpt"], base["gpt at initialisation"], ranks["bert"], base["bert at initialisation"]))]
+    at_init = {name: [base[f"{name} at initialisation"] for base in baselines] for name in ("gpt", "bert")}
+    lines += [f"| {layer} | {cell(ranks['gpt'], layer)} | {cell(at_init['gpt'], layer)} | {cell(ranks['bert'], layer)} "
+              f"| {cell(at_init['bert'], layer)} |" for layer in range(len(ranks["gpt"][0]))]
     return lines
 
 
 def plot(data, path):
-    """Bits/char of the second half and cloze accuracy per model, when matplotlib is installed."""
+    """Bits/char of the second half and cloze accuracy per model (mean, std as error bars), and the budget sweep,
+    when matplotlib is installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    names = list(data["models"])
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    left.bar(names, [data["models"][n]["second_half_bits_per_char"] for n in names])
+    models = {name: model["seeds"] for name, model in data["models"].items() if model["seeds"]}
+    names = list(models)
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 4.5))
+    bits = [mean_std([run["second_half_bits_per_char"] for run in models[n]]) for n in names]
+    left.bar(names, [m for m, _ in bits], yerr=[sd or 0 for _, sd in bits], capsize=3)
+    left.axhline(data["unigram_reference"]["bits_per_char"], color="grey", linestyle="--", label="character frequencies")
     left.set_ylabel("bits/char, second half given the first")
-    cloze = [(f"{n}: {kind}", value) for n in names for kind, value in data["models"][n]["cloze"].items()]
-    right.barh([c[0] for c in cloze], [100 * c[1] for c in cloze])
-    right.set_xlabel("cloze accuracy (%)")
-    for axis in (left,):
-        axis.tick_params(axis="x", rotation=30)
-    fig.suptitle(f"Equal compute ({data['budget_flops'] / 1e12:.1f} TFLOP each), scale {data['scale']}")
+    left.tick_params(axis="x", rotation=30)
+    left.legend()
+    cloze = [(f"{n}: {kind}", mean_std([100 * run["cloze"][kind] for run in models[n]]))
+             for n in names for kind in models[n][0]["cloze"]]
+    middle.barh([c[0] for c in cloze], [c[1][0] for c in cloze], xerr=[c[1][1] or 0 for c in cloze], capsize=3)
+    middle.set_xlabel("cloze accuracy (%)")
+    if "budget" in data:
+        shares = [f"{f:g}" for f in data["budget_fractions"]] + ["1"]
+        for name, by_share in data["budget"].items():
+            points = [mean_std(by_share[f]["second_half_bits_per_char"]) for f in shares]
+            right.errorbar([float(f) * data["budget_flops"] / 1e12 for f in shares], [m for m, _ in points],
+                           yerr=[sd or 0 for _, sd in points], marker="o", capsize=3, label=name)
+        right.axhline(data["unigram_reference"]["bits_per_char"], color="grey", linestyle="--")
+        right.set_xscale("log")
+        right.set_xlabel("training TFLOP")
+        right.set_ylabel("bits/char, second half")
+        right.legend()
+    fig.suptitle(f"Equal compute ({data['budget_flops'] / 1e12:.1f} TFLOP each), scale {data['scale']}, "
+                 f"mean +- std over {len(data['seeds'])} seeds")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -15,30 +15,79 @@ def test_study_quick_runs_end_to_end(char_dataset, tmp_path):
     result = run_script("study.py", "--quick", f"--dataset={char_dataset}", f"--out_dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads((tmp_path / "study-quick.json").read_text())
-    assert set(data["models"]) == {"gpt", "bert", "prefixlm", "t5", "diffusion", "bert-100%-mask"}
-    flops = [m["flops"] for m in data["models"].values()]
+    quick = study.SCALES["quick"]
+    assert set(data["models"]) == {"gpt", "bert", "prefixlm", "t5", "diffusion"}
+    assert all(len(model["seeds"]) == quick["seeds"] for model in data["models"].values())  # every number per seed
     budget = data["budget_flops"]
+    flops = [run["flops"] for model in data["models"].values() for run in model["seeds"]]
     assert all(budget <= f < 1.5 * budget for f in flops)  # equal compute, up to one step over
-    assert "elbo_bits" in data["models"]["diffusion"] and "both sides (exact Bayes)" in data["models"]["gpt"]["cloze"]
+    gpt, diffusion = data["models"]["gpt"]["seeds"][0], data["models"]["diffusion"]["seeds"][0]
+    assert "elbo_bits" in diffusion and "both sides (exact Bayes)" in gpt["cloze"]
     assert (tmp_path / "study-quick.md").read_text().count("|") > 50
+    # the learning rate kept is the one of lowest validation loss on the model's own objective
+    for name, by_rate in data["sweep"].items():
+        assert set(by_rate) == {f"{r:g}" for r in quick["learning_rates"]}
+        best = min(by_rate, key=lambda r: by_rate[r]["val_loss"])
+        assert f"{data['chosen_learning_rate'][name]:g}" == best
+        if name in data["models"]:  # bert-100%-mask is the C2 ablation, not a row of the main table
+            assert f"{data['models'][name]['learning_rate']:g}" == best
+    # the budget sweep: each share of the budget really spent (within one step), the full budget is the main run
+    for name, by_share in data["budget"].items():
+        for share, runs in by_share.items():
+            assert all(float(share) * budget <= f < float(share) * budget * 1.5 for f in runs["flops"]), (name, share)
+        assert by_share["1"]["second_half_bits_per_char"] == [run["second_half_bits_per_char"]
+                                                               for run in data["models"][name]["seeds"]]
+    assert all(len(values) == quick["seeds"] for values in data["ablation"]["probe"].values())
     # the study's own arithmetic, true whatever the barely trained quick models learned: uniform attention's ranks
     # (bidirectional: one distinct row, rank 1; causal: triangular, full rank) and the NoPE baselines' values
-    base = data["attention_rank_baselines"]
-    T = study.SCALES["quick"]["block_size"] - 1  # the evaluation windows' length
+    base = data["attention_rank_baselines"][0]
+    T = quick["block_size"] - 1  # the evaluation windows' length
     assert base["uniform bidirectional"] == {"numerical": 1.0, "effective": pytest.approx(1.0, abs=1e-9)}
     causal = np.tril(np.ones((T, T)))
     singular = np.linalg.svd(causal / causal.sum(1, keepdims=True), compute_uv=False)  # computed independently
     p = singular / singular.sum()
     assert base["uniform causal"]["numerical"] == T
     assert base["uniform causal"]["effective"] == pytest.approx(np.exp(-(p * np.log(p)).sum()), rel=1e-9)
-    assert len(base["gpt at initialisation"]) == len(data["attention_rank"]["gpt"])
+    assert len(base["gpt at initialisation"]) == len(data["attention_rank"]["gpt"][0])
+    assert len(data["attention_rank"]["bert"]) == quick["seeds"]
     small = data["attention_rank_small_head"]  # the head size << T setting: its own, longer windows
-    assert small["baselines"]["uniform causal"]["numerical"] == study.SCALES["quick"]["small_head"]["block_size"] - 1
-    assert len(small["ranks"]["bert"]) == study.SCALES["quick"]["small_head"]["n_layer"]
+    assert small["baselines"][0]["uniform causal"]["numerical"] == quick["small_head"]["block_size"] - 1
+    assert len(small["ranks"]["bert"][0]) == quick["small_head"]["n_layer"]
     nope = data["nope"]
-    assert len(nope["causal, NoPE"]) == 2  # one accuracy per seed
-    assert nope["chance (a random digit)"] == [0.1, 0.1]
+    assert len(nope["causal, NoPE"]) == quick["seeds"]  # one accuracy per seed
+    assert nope["chance (a random digit)"] == [0.1] * quick["seeds"]
     assert all(0.28 < v < 0.32 for v in nope["order-blind best (the most frequent digit of the input)"])
+
+
+class FixedStates:
+    """A stand-in model for study.correction_probe whose final states are fixed features of its input: one-hot of
+    the character itself (no context), or of its left and right neighbours (context)."""
+
+    def __init__(self, vocab_size, context):
+        self.vocab_size, self.context = vocab_size, context
+
+    def run_stack(self, inputs):
+        one_hot = torch.nn.functional.one_hot(inputs, self.vocab_size).float()  # (N, T, V)
+        if not self.context:
+            return one_hot
+        return torch.cat([one_hot.roll(1, dims=1), one_hot.roll(-1, dims=1)], dim=-1)  # (N, T, 2V)
+
+
+def test_correction_probe_reads_what_the_states_hold():
+    """Claim C2's probe must measure the states, not the labels: on a text where the neighbours tell each character
+    (a period-5 cycle), states holding the neighbours recover the original at replaced positions, states holding
+    only the (random) replacement cannot do better than guessing a character of the cycle."""
+    V = 7
+    starts = torch.randint(0, 5, (600, 1), generator=torch.Generator().manual_seed(0))
+    windows = (starts + torch.arange(40)) % 5  # (600, 40), characters 0..4 of a vocabulary of 7
+    train, test = windows[:400], windows[400:]
+    inputs, replaced = study.corrupt_without_mask(train, V, torch.Generator().manual_seed(1))
+    assert 0.10 < replaced.float().mean() < 0.15 and (inputs[replaced] != train[replaced]).all()  # 15% x 6/7 changed
+    assert torch.equal(inputs[~replaced], train[~replaced])
+    with_context = study.correction_probe(FixedStates(V, context=True), train, test, V, seed=0)
+    without = study.correction_probe(FixedStates(V, context=False), train, test, V, seed=0)
+    assert with_context > 0.9, with_context  # both neighbours replaced too: rare
+    assert without < 0.35, without  # about 1/5: the replacement says nothing of the original
 
 
 def test_study_rejects_an_unknown_scale():
