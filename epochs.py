@@ -121,7 +121,7 @@ def train_and_score(name, arch, objective, extra, epochs, seed, s, folder, windo
                 batch_size=s["batch_size"], dropout=0.0, bias=False, max_iters=iterations,
                 lr_decay_iters=iterations, warmup_iters=min(100, iterations // 10), learning_rate=1e-3,
                 min_lr=1e-4, beta2=0.99, eval_interval=10 ** 9, eval_iters=s["eval_iters"], log_interval=10 ** 9,
-                seed=seed, quiet=quiet, overwrite=True)  # the study's settings (study.train_all)
+                seed=seed, quiet=quiet, overwrite=True)  # study.train_all's defaults (study.py sweeps the rate)
     args.update(extra)
     config = train.resolve_config([f"--{k}={v}" for k, v in args.items()])
     t0 = time.perf_counter()

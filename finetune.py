@@ -263,8 +263,16 @@ def study_backbones(config, scale, device):
         if not os.path.exists(path) or torch.load(path, map_location="cpu", weights_only=False)["flops_done"] < budget:
             missing.append(model)
     if missing:
+        study_json = os.path.join(config["out_dir"], f"study-{scale}.json")  # the rates study.py's sweep chose
+        rates = {}
+        if os.path.exists(study_json):
+            with open(study_json) as f:
+                rates = json.load(f).get("chosen_learning_rate", {})
+        missing = [(name, arch, objective, dict(extra, learning_rate=rates[name], min_lr=rates[name] / 10))
+                   if name in rates else (name, arch, objective, extra) for name, arch, objective, extra in missing]
         print(f"[finetune study] pretraining {', '.join(m[0] for m in missing)} at equal FLOPs (study.py, scale "
-              f"{scale}); the others are reused from {prefix}-*", flush=True)
+              f"{scale}; learning rates " + (f"from {study_json}" if rates else "1e-3: study.py has not chosen them")
+              + f"); the others are reused from {prefix}-*", flush=True)
         trained, _ = equal_compute.train_all(missing, s, config["dataset"], prefix, device, meta, config["seed"], True)
         if trained is None:  # train_all said which checkpoints are finished; they are reused next time
             raise UserError("interrupted while pretraining; rerun the same command to go on")

@@ -31,13 +31,20 @@ def test_study_quick_runs_end_to_end(char_dataset, tmp_path):
         assert f"{data['chosen_learning_rate'][name]:g}" == best
         if name in data["models"]:  # bert-100%-mask is the C2 ablation, not a row of the main table
             assert f"{data['models'][name]['learning_rate']:g}" == best
-    # the budget sweep: each share of the budget really spent (within one step), the full budget is the main run
+    # the budget sweep and the C2 ablation: each share of the budget really spent (within one step)
     for name, by_share in data["budget"].items():
         for share, runs in by_share.items():
             assert all(float(share) * budget <= f < float(share) * budget * 1.5 for f in runs["flops"]), (name, share)
-        assert by_share["1"]["second_half_bits_per_char"] == [run["second_half_bits_per_char"]
-                                                               for run in data["models"][name]["seeds"]]
-    assert all(len(values) == quick["seeds"] for values in data["ablation"]["probe"].values())
+    for name, runs in data["ablation"]["models"].items():
+        share = quick["ablation_budget"]
+        assert all(share * budget <= run["flops"] < share * budget * 1.5 for run in runs), name
+    for task, readers in data["ablation"]["probe"].items():
+        assert task in study.PROBE_TASKS and all(len(values) == quick["seeds"] for values in readers.values())
+    # the checkpoints finetune.py --study reads are the first seed's runs at the chosen rates; the other seeds too
+    for name, model in data["models"].items():
+        for folder, seed in ((f"quick-{name}", 1337), (f"quick-seed1338-{name}", 1338)):
+            saved = torch.load(tmp_path / "checkpoints" / folder / "ckpt.pt", map_location="cpu", weights_only=False)
+            assert (saved["config"]["learning_rate"], saved["config"]["seed"]) == (model["learning_rate"], seed)
     # the study's own arithmetic, true whatever the barely trained quick models learned: uniform attention's ranks
     # (bidirectional: one distinct row, rank 1; causal: triangular, full rank) and the NoPE baselines' values
     base = data["attention_rank_baselines"][0]
@@ -57,6 +64,14 @@ def test_study_quick_runs_end_to_end(char_dataset, tmp_path):
     assert len(nope["causal, NoPE"]) == quick["seeds"]  # one accuracy per seed
     assert nope["chance (a random digit)"] == [0.1] * quick["seeds"]
     assert all(0.28 < v < 0.32 for v in nope["order-blind best (the most frequent digit of the input)"])
+
+    # --reuse=True after a stop: every finished run is loaded, not retrained, and scores the same
+    again = run_script("study.py", "--quick", f"--dataset={char_dataset}", f"--out_dir={tmp_path}", "--reuse=True",
+                       "--quiet=True")
+    assert again.returncode == 0, again.stderr[-3000:]
+    second = json.loads((tmp_path / "study-quick.json").read_text())
+    assert second["reused"] == second["runs"] == data["runs"] and again.stdout.count("reused ") == data["runs"]
+    assert second["models"] == data["models"] and second["ablation"] == data["ablation"]
 
 
 class FixedStates:
@@ -84,10 +99,20 @@ def test_correction_probe_reads_what_the_states_hold():
     inputs, replaced = study.corrupt_without_mask(train, V, torch.Generator().manual_seed(1))
     assert 0.10 < replaced.float().mean() < 0.15 and (inputs[replaced] != train[replaced]).all()  # 15% x 6/7 changed
     assert torch.equal(inputs[~replaced], train[~replaced])
-    with_context = study.correction_probe(FixedStates(V, context=True), train, test, V, seed=0)
-    without = study.correction_probe(FixedStates(V, context=False), train, test, V, seed=0)
+    with_context, rule = study.correction_probe(FixedStates(V, context=True), train, test, V, seed=0)
+    without, _ = study.correction_probe(FixedStates(V, context=False), train, test, V, seed=0)
     assert with_context > 0.9, with_context  # both neighbours replaced too: rare
     assert without < 0.35, without  # about 1/5: the replacement says nothing of the original
+    assert 0.1 < rule < 0.3  # the most frequent original: one of five about equally frequent characters
+    # the next character, on random text: it is in the input one position to the right, so states that hold the
+    # neighbours name it, states that hold only the character itself do no better than the most frequent one
+    text = torch.randint(0, 5, (600, 40), generator=torch.Generator().manual_seed(2))
+    with_context, _ = study.correction_probe(FixedStates(V, context=True), text[:400], text[400:], V, 0,
+                                             "next character")
+    without, rule = study.correction_probe(FixedStates(V, context=False), text[:400], text[400:], V, 0,
+                                           "next character")
+    assert with_context > 0.99, with_context
+    assert without < 0.3 and abs(without - rule) < 0.05, (without, rule)
 
 
 def test_study_rejects_an_unknown_scale():
