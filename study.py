@@ -510,6 +510,8 @@ def main():
     seeds = [config["seed"] + i for i in range(s["seeds"])]
     rates, fractions, ablation_share = s["learning_rates"], s["budget_fractions"], s["ablation_budget"]
     ablation_rate = s["ablation_learning_rate"]
+    if 1 in fractions or ablation_share in fractions:
+        raise UserError(f"SCALES['{scale}']: budget_fractions must leave out 1 (the main runs) and ablation_budget")
     by_name = {model[0]: model for model in MODELS}
     compared = [model for model in MODELS if model[0] != "bert-100%-mask"]  # the ablation is measured apart (C2)
     budget = flops_budget(s, meta)
@@ -542,12 +544,10 @@ def main():
     print(f"[study] 2/3 every model at its rate, seeds {', '.join(map(str, seeds))}; {', '.join(BUDGET_MODELS)} at "
           f"{', '.join(f'{f:g}' for f in fractions)} of the budget; bert and bert-100%-mask at {ablation_share:g} x "
           f"the budget (claim C2): {len(runs)} runs", flush=True)
-    if 1 in fractions or ablation_share in fractions:
-        raise UserError(f"SCALES['{scale}']: budget_fractions must leave out 1 (the main runs) and ablation_budget")
     trained = train_runs(runs, s, config, device, meta)
     if trained is None:
         return
-    for m in compared:  # seed 1's run at the chosen rate is the study's checkpoint that finetune.py --study reads
+    for m in compared:  # the first seed's run at the chosen rate: the checkpoint finetune.py --study reads
         source, target = f"{folder}-lr{chosen[m[0]]:g}-{m[0]}", f"{folder}-{m[0]}"
         shutil.rmtree(target + ".partial", ignore_errors=True)
         shutil.copytree(source, target + ".partial")  # whole, then in place: a stop never leaves half a checkpoint

@@ -70,7 +70,8 @@ def test_study_quick_runs_end_to_end(char_dataset, tmp_path):
                        "--quiet=True")
     assert again.returncode == 0, again.stderr[-3000:]
     second = json.loads((tmp_path / "study-quick.json").read_text())
-    assert second["reused"] == second["runs"] == data["runs"] and again.stdout.count("reused ") == data["runs"]
+    reused_lines = [line for line in again.stdout.splitlines() if line.startswith("reused ")]
+    assert second["reused"] == second["runs"] == data["runs"] == len(reused_lines)
     assert second["models"] == data["models"] and second["ablation"] == data["ablation"]
 
 
