@@ -45,7 +45,8 @@ import train
 from configurator import UserError, run_main
 from dataset import get_windows, load_dataset
 from progress import StopSignals, format_duration, write_atomically
-from study import character_frequency_bits, mean_std, resolve_experiment, second_half_bits
+from study import character_frequency_bits, resolve_experiment, second_half_bits
+from study_report import mean_std
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="study_results",
                 seed=1337, fresh=False, quiet=True)  # quiet=False: the training log lines of every run too

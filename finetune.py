@@ -39,7 +39,7 @@ from checkpoint import load_model
 from configurator import UserError, apply_overrides, check_seed, pick_device, run_main
 from dataset import load_dataset
 from progress import StopSignals, format_duration, write_atomically
-from study import mean_std
+from study_report import mean_std
 from tasks import CANDIDATES, TASKS, baselines, classification_scores, make_task, read_texts, retrieval_scores
 
 DEFAULTS = dict(

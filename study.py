@@ -31,7 +31,8 @@ The chapter's empirical claims at equal compute, on char-level Tiny Shakespeare.
    the budget at one rate, 5e-4: the masking is the only difference), checked, then compared on inputs without any
    [MASK]: new linear probes on the frozen final states (the original character at randomly replaced positions;
    the next character of a clean input); the models' own heads are shown too, an illustration.
-Writes study_results/study-<scale>.md (the table README shows), .json and .png (with matplotlib).
+Writes study_results/study-<scale>.md (the table README shows), .json and .png (with matplotlib); the tables and the
+plot are drawn by study_report.py.
 """
 import json
 import math
@@ -49,6 +50,7 @@ import train
 from configurator import UserError, apply_overrides, check_seed, model_config, pick_device, run_main
 from checkpoint import load_model
 from progress import Progress, StopSignals, format_duration, write_atomically
+from study_report import PROBE_TASKS, plot, report
 from dataset import get_windows, load_dataset
 from model import IGNORE_INDEX, ModelConfig, Transformer
 
@@ -296,14 +298,6 @@ def unigram_reference(train_path, windows, blanks, num_ordinary):
     return {"bits_per_char": character_frequency_bits(train_path, windows, num_ordinary), "cloze": cloze}
 
 
-def mean_std(values):
-    """(mean, sample std) over seeds, ignoring missing values; std None for a single value, (None, None) for none."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return None, None
-    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else None
-
-
 # ----------------------------------------------------------------------------- claim C2: the ablation
 
 def corrupt_without_mask(windows, num_ordinary, generator):
@@ -328,11 +322,6 @@ def non_mask_positions(model, windows, specials, generator):
     return {"at [MASK]": at_mask[replaced].float().mean().item(),
             "at replaced characters": correct[replaced].float().mean().item(),
             "at untouched characters": correct[~replaced].float().mean().item()}
-
-
-PROBE_TASKS = {"original at replaced": "the original character at a randomly replaced position (bert's own "
-                                       "10%-random subtask; the 100%-[MASK] model never trained for it)",
-               "next character": "the next character, from a clean input (a task neither model trained for)"}
 
 
 def correction_probe(model, train_windows, test_windows, num_ordinary, seed, task="original at replaced", steps=300):
@@ -680,231 +669,6 @@ def main():
     write_atomically(os.path.join(config["out_dir"], f"study-{scale}.json"), json.dumps(data, indent=1))
     if "metrics" not in not_done:
         plot(data, os.path.join(config["out_dir"], f"study-{scale}.png"))
-
-
-# ----------------------------------------------------------------------------- the report
-
-def plus_minus(values, digits=3, percent=False):
-    """'mean +- std' over seeds ('mean' alone for one value)."""
-    mean, std = mean_std([100 * v if percent and v is not None else v for v in values])
-    if mean is None:
-        return "-"
-    unit = "%" if percent else ""
-    return f"{mean:.{digits}f}{unit}" + (f" +- {std:.{digits}f}" if std is not None else "")
-
-
-def report(data, s, N, V):
-    """The markdown of study-<scale>.md: every number is a mean +- std over the seeds unless it says otherwise."""
-    budget, seeds = data["budget_flops"], data["seeds"]
-    lines = [f"Equal-compute study, scale `{data['scale']}` ({s['n_layer']} layers x {s['n_embd']} dims, block "
-             f"{s['block_size']}, batch {s['batch_size']}), budget {budget / 1e12:.2f} TFLOP per model (= "
-             f"{s['gpt_iters']} gpt iterations), device {data['device']}, {N} held-out windows. Every number is a "
-             f"mean +- sample std over {len(seeds)} training seeds ({', '.join(map(str, seeds))}; the common metrics on "
-             f"the same evaluation windows for all, the val loss on windows drawn by each run's seed) unless it says "
-             f"otherwise. Whole run {data['seconds'] / 60:.1f} min here, training of its "
-             f"{data.get('runs', 0)} runs {data.get('training_seconds', 0) / 60:.1f} min in all "
-             f"({data.get('reused', 0)} of them reused from an earlier run of the same settings). t5 splits the "
-             f"layers, {s['n_layer'] // 2 or 1} + {s['n_layer'] // 2 or 1}; gpt's exact-Bayes cloze uses the first "
-             f"{min(N, s['bayes_windows'])} windows ({V} forward passes per blank), every other cloze all {N}. Each "
-             f"model trains at its learning rate from the sweep below; the sweep's run of seed {seeds[0]} at that "
-             f"rate is that seed's run here (chosen as the lowest of three noisy validation losses: a small "
-             f"optimistic bias on that seed's val loss). 'in its own setting' is the validation loss of "
-             f"the model's training objective (nats per supervised position: gpt next character, bert the 15% "
-             f"corrupted positions, prefixlm the second half given the first, t5 its spans, diffusion its weighted "
-             f"ELBO); it is the model's in-distribution score, comparable only between models of the same objective. "
-             f"The common metric, bits/char of a window's second half given the first, is gpt's native task and far "
-             f"from how bert (15% blanks) and t5 (short spans) were trained; cloze (15% of characters blanked one at a "
-             f"time) is bert's. The last row is what character frequencies alone achieve.", ""]
-    if not data["models"]["gpt"]["seeds"]:
-        lines.append("(no model was scored)")
-    if data["models"]["gpt"]["seeds"]:
-        lines += ["| model | objective | lr | params | iters | supervised positions | train s | in its own setting "
-                  "(val loss) | bits/char, 2nd half given 1st | cloze accuracy |", "|" + "---|" * 10]
-        for name, model in data["models"].items():
-            runs = model["seeds"]
-            if not runs:
-                continue
-            column = lambda key: [run[key] for run in runs]  # noqa: E731
-            bits = plus_minus(column("second_half_bits_per_char"))
-            if "elbo_bits" in runs[0]:
-                bits += f" (ELBO {plus_minus(column('elbo_bits'))})"
-            cloze = ", ".join(f"{kind} {plus_minus([run['cloze'][kind] for run in runs], 1, True)}"
-                              for kind in runs[0]["cloze"])
-            lines.append(f"| {name} | {model['objective']} | {model['learning_rate']:g} | "
-                         f"{runs[0]['parameters'] / 1e6:.2f}M | {round(np.mean(column('iterations')))} | "
-                         f"{round(np.mean(column('supervised_seen'))):,} | {plus_minus(column('seconds'), 0)} | "
-                         f"{plus_minus(column('val_loss'))} | {bits} | {cloze} |")
-        reference = data["unigram_reference"]
-        lines.append(f"| character frequencies (reference) | - | - | - | - | - | - | - | "
-                     f"{reference['bits_per_char']:.3f} | {100 * reference['cloze']:.1f}% (always the most frequent) |")
-        gpt, diffusion = data["models"]["gpt"]["seeds"], data["models"]["diffusion"]["seeds"]
-        if gpt and diffusion:
-            lines += ["", f"Validation loss as bits/char: gpt exact NLL "
-                          f"{plus_minus([run['val_loss'] / LN2 for run in gpt])}, diffusion ELBO (an upper bound on its "
-                          f"NLL) {plus_minus([run['val_loss'] / LN2 for run in diffusion])}."]
-    if "sweep" in data:
-        rates = data["learning_rates"]
-        lines += ["", f"Learning-rate sweep, seed {seeds[0]} only, each rate at the full budget (min lr = rate / 10, "
-                      f"cosine): validation loss on the model's own objective / bits/char of the second half; * = the "
-                      f"rate kept (lowest validation loss; chosen without looking at the common metric), *edge when it "
-                      f"is the lowest or highest rate tried (the best rate may lie beyond the grid):", "",
-                  "| model | " + " | ".join(f"lr {r:g}" for r in rates) + " |", "|---|" + "---|" * len(rates)]
-        for name, by_rate in data["sweep"].items():
-            cells = [by_rate[f"{r:g}"] for r in rates]
-            lines.append(f"| {name} | " + " | ".join(
-                ("diverged" if cell["diverged"] else f"{cell['val_loss']:.3f} / {cell['second_half_bits_per_char']:.3f}")
-                + ((" *edge" if r in (rates[0], rates[-1]) else " *") if r == data["chosen_learning_rate"][name] else "")
-            for r, cell in zip(rates, cells)) + " |")
-    if "budget" in data:
-        lines += budget_table(data)
-    if "ablation" in data:
-        lines += ablation_table(data)
-    if "nope" in data:
-        nope_seeds = len(data["nope"]["causal, NoPE"])
-        lines += ["", f"Claim D5, index lookup (`BOS d1..d8 SEP q -> d_q`, one answer token; {s['nope_steps']} steps, "
-                      f"{nope_seeds} seeds; the last three rows are rules that ignore order, scored on the same "
-                      f"examples):", "", "| model or rule | accuracy |", "|---|---|"]
-        lines += [f"| {name} | {plus_minus(values, 1, True)} |" for name, values in data["nope"].items()]
-    if "attention_rank" in data:
-        lines += rank_table(data["attention_rank"], data["attention_rank_baselines"], s, min(16, N))
-    if "attention_rank_small_head" in data:
-        small = data["attention_rank_small_head"]
-        lines += rank_table(small["ranks"], small["baselines"], s["small_head"], 16)
-    if "not_done" in data:
-        lines += ["", f"**Interrupted: not measured: {', '.join(data['not_done'])}.**"]
-    return lines
-
-
-def budget_table(data):
-    """Claim C4's gap against compute: bits/char of the second half at each share of the budget, and each
-    model's gap to gpt (paired by seed)."""
-    shares = [f"{f:g}" for f in data["budget_fractions"]] + ["1"]
-    budget = data["budget"]
-    tflop = ", ".join(f"{float(f) * data['budget_flops'] / 1e12:.2f}" for f in shares)
-    lines = ["", f"Does the gap close with compute? bits/char of the second half given the first at "
-                 f"{', '.join(shares)} x the budget ({tflop} TFLOP), each model at the rate chosen at 1 x (the best "
-                 f"rate of a shorter run may differ), its schedule sized to its budget; the gap to gpt is per seed, then mean +- std. Character frequencies: "
-                 f"{data['unigram_reference']['bits_per_char']:.3f}.", "",
-             "| model | " + " | ".join(f"{f} x budget" for f in shares) + " |", "|---|" + "---|" * len(shares)]
-    for name in budget:
-        lines.append(f"| {name} | " + " | ".join(plus_minus(budget[name][f]["second_half_bits_per_char"])
-                                                 for f in shares) + " |")
-        if budget[name][shares[0]]["elbo_bits"][0] is not None:
-            lines.append(f"| {name} (ELBO) | " + " | ".join(plus_minus(budget[name][f]["elbo_bits"]) for f in shares)
-                         + " |")
-    for name in budget:
-        if name != "gpt":
-            gaps = [[b - g for b, g in zip(budget[name][f]["second_half_bits_per_char"],
-                                           budget["gpt"][f]["second_half_bits_per_char"])] for f in shares]
-            lines.append(f"| {name} - gpt | " + " | ".join(plus_minus(gap) for gap in gaps) + " |")
-    return lines
-
-
-PLATEAU_MARGIN = 0.25  # bits/char below character frequencies, in every seed, to count as past the MLM plateau
-
-
-def past_the_plateau(data):
-    """Claim C2 compares the two models only where both learned: each seed's bits/char of the second half at least
-    PLATEAU_MARGIN below what character frequencies give. Returns (verdict, the names that are not past)."""
-    reference = data["unigram_reference"]["bits_per_char"]
-    behind = [name for name, runs in data["ablation"]["models"].items()
-              if not all(run["second_half_bits_per_char"] < reference - PLATEAU_MARGIN for run in runs)]
-    return not behind, behind
-
-
-def ablation_table(data):
-    """Claim C2: where the input holds no [MASK], the built-in heads (an illustration) and new probes (the
-    measurement), beside whether both models are past the plateau at all."""
-    ablation, reference = data["ablation"], data["unigram_reference"]
-    past, behind = past_the_plateau(data)
-    verdict = (f"yes: every seed of both at least {PLATEAU_MARGIN} bits/char below character frequencies" if past else
-               f"NO for {', '.join(behind)} (not {PLATEAU_MARGIN} bits/char below character frequencies in every "
-               f"seed): the comparison below is inconclusive")
-    lines = ["", f"Claim C2: bert (80/10/10) against bert-100%-mask (every chosen position [MASK]), both at "
-                 f"{data['ablation_budget']:g} x the budget and one learning rate, {data['ablation_learning_rate']:g} (the "
-                 f"masking is the only difference). Past the "
-                 f"plateau? {verdict}. Character frequencies: {reference['bits_per_char']:.3f} bits/char, cloze "
-                 f"{100 * reference['cloze']:.1f}%.", "",
-             "| model | val loss (own objective) | bits/char, 2nd half given 1st | cloze accuracy |", "|---|---|---|---|"]
-    for name, runs in ablation["models"].items():
-        lines.append(f"| {name} | {plus_minus([run['val_loss'] for run in runs])} | "
-                     f"{plus_minus([run['second_half_bits_per_char'] for run in runs])} | "
-                     f"{plus_minus([run['cloze']['both sides'] for run in runs], 1, True)} |")
-    lines += ["", "Inputs with about 15% of characters replaced by a random one and no [MASK] anywhere (as at "
-                  "fine-tuning). The models' own output heads (an illustration: the 100%-[MASK] model's never got a "
-                  "loss at a non-[MASK] input, so it fails there by construction):", "",
-              "| model | at [MASK] (same positions) | at replaced characters | at untouched characters |",
-              "|---|---|---|---|"]
-    for name, runs in ablation["own head"].items():
-        lines.append(f"| {name} | " + " | ".join(plus_minus([run[kind] for run in runs], 1, True)
-                                                 for kind in runs[0]) + " |")
-    tasks = list(ablation["probe"])
-    lines += ["", "The measurement: a new linear head on each model's frozen final states ([MASK]-free inputs of "
-                  "training windows), scored on held-out windows (accuracy); the task names what it predicts: "
-                  + "; ".join(f"*{task}*: {PROBE_TASKS[task]}" for task in tasks) + ".", "",
-              "| states of | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
-    for name in ablation["probe"][tasks[0]]:
-        lines.append(f"| {name} | " + " | ".join(plus_minus(ablation["probe"][task][name], 1, True) for task in tasks)
-                     + " |")
-    return lines
-
-
-def rank_table(ranks, baselines, setting, windows_used):
-    """Markdown lines of claim D3's table: per layer, trained beside initialisation, with uniform attention."""
-    mean = lambda runs, layer, kind: float(np.mean([run[layer][kind] for run in runs]))  # noqa: E731
-    cell = lambda runs, layer: (f"{mean(runs, layer, 'numerical'):.1f} / "  # noqa: E731
-                                f"{plus_minus([run[layer]['effective'] for run in runs], 1)}")
-    uniform = lambda kind: f"{baselines[0][kind]['numerical']:.1f} / {baselines[0][kind]['effective']:.1f}"  # noqa: E731
-    T = setting["block_size"] - 1
-    lines = ["", f"Claim D3, attention rank (T = {T}, head size {setting['n_embd'] // setting['n_head']}, "
-                 f"{setting['n_layer']} layers x {setting['n_embd']} dims; numerical rank (mean) / effective rank "
-                 f"(mean +- std over seeds), each over heads and {windows_used} windows), trained beside the same "
-                 f"models at initialisation; uniform attention gives {uniform('uniform causal')} causal and "
-                 f"{uniform('uniform bidirectional')} bidirectional:", "",
-             "| layer | gpt trained | gpt at init | bert trained | bert at init |", "|---|---|---|---|---|"]
-    at_init = {name: [base[f"{name} at initialisation"] for base in baselines] for name in ("gpt", "bert")}
-    lines += [f"| {layer} | {cell(ranks['gpt'], layer)} | {cell(at_init['gpt'], layer)} | {cell(ranks['bert'], layer)} "
-              f"| {cell(at_init['bert'], layer)} |" for layer in range(len(ranks["gpt"][0]))]
-    return lines
-
-
-def plot(data, path):
-    """Bits/char of the second half and cloze accuracy per model (mean, std as error bars), and the budget sweep,
-    when matplotlib is installed."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    models = {name: model["seeds"] for name, model in data["models"].items() if model["seeds"]}
-    names = list(models)
-    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(16, 4.5))
-    bits = [mean_std([run["second_half_bits_per_char"] for run in models[n]]) for n in names]
-    left.bar(names, [m for m, _ in bits], yerr=[sd or 0 for _, sd in bits], capsize=3)
-    left.axhline(data["unigram_reference"]["bits_per_char"], color="grey", linestyle="--", label="character frequencies")
-    left.set_ylabel("bits/char, second half given the first")
-    left.tick_params(axis="x", rotation=30)
-    left.legend()
-    cloze = [(f"{n}: {kind}", mean_std([100 * run["cloze"][kind] for run in models[n]]))
-             for n in names for kind in models[n][0]["cloze"]]
-    middle.barh([c[0] for c in cloze], [c[1][0] for c in cloze], xerr=[c[1][1] or 0 for c in cloze], capsize=3)
-    middle.set_xlabel("cloze accuracy (%)")
-    if "budget" in data:
-        shares = [f"{f:g}" for f in data["budget_fractions"]] + ["1"]
-        for name, by_share in data["budget"].items():
-            points = [mean_std(by_share[f]["second_half_bits_per_char"]) for f in shares]
-            right.errorbar([float(f) * data["budget_flops"] / 1e12 for f in shares], [m for m, _ in points],
-                           yerr=[sd or 0 for _, sd in points], marker="o", capsize=3, label=name)
-        right.axhline(data["unigram_reference"]["bits_per_char"], color="grey", linestyle="--")
-        right.set_xscale("log")
-        right.set_xlabel("training TFLOP")
-        right.set_ylabel("bits/char, second half")
-        right.legend()
-    fig.suptitle(f"Equal compute ({data['budget_flops'] / 1e12:.1f} TFLOP each), scale {data['scale']}, "
-                 f"mean +- std over {len(data['seeds'])} seeds")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":
