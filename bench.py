@@ -28,9 +28,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from configurator import UserError, apply_overrides, pick_device, run_main
-from progress import Progress, StopSignals, format_duration
-from timing import copy_bandwidth, matmul_flops_per_second, median_time, time_once
+from infra.configurator import QUICK_OUTPUT, UserError, apply_overrides, pick_device, run_main
+from infra.progress import Progress, StopSignals, format_duration, write_atomically
+from infra.timing import copy_bandwidth, matmul_flops_per_second, median_time, time_once
 
 SECTIONS = ("ceilings", "training", "attention", "decoding", "prefix")
 DEFAULTS = dict(
@@ -38,7 +38,7 @@ DEFAULTS = dict(
     quick=False,           # tiny sizes, few repeats: checks that everything runs, not how fast
     sections="all",        # "all" or a comma-separated subset of: ceilings,training,attention,decoding,prefix
     repeats=5,             # timings are medians over this many runs
-    out="",                # JSON path; "" = bench_results/bench-<device>[-quick].json
+    out="",                # JSON path; "" = results/bench/bench-<device>.json (--quick: out-quick/bench/, not committed)
     plots=True,            # write PNGs next to the JSON when matplotlib is installed
     compile=True,          # the torch.compile rows (training, FlexAttention, decoding); they cost compile time
 )
@@ -55,21 +55,23 @@ def table(title, header, rows):
 # ----------------------------------------------------------------------------- sizes
 
 def sizes(device, quick):
+    """The benchmark's model and batch; quick: tiny, so that every row runs in seconds (its figures mean nothing)."""
     if quick:
-        return dict(n_layer=2, n_head=2, n_embd=64, block_size=64, vocab=171, batch=4, dtype=torch.float32)
+        return dict(quick=True, n_layer=2, n_head=2, n_embd=64, block_size=64, vocab=171, batch=4, dtype=torch.float32)
     if device.startswith("cuda"):  # GPT-2 small
-        return dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab=50363, batch=16, dtype=torch.bfloat16)
-    return dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab=171, batch=8, dtype=torch.float32)
+        return dict(quick=False, n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab=50363, batch=16,
+                    dtype=torch.bfloat16)
+    return dict(quick=False, n_layer=6, n_head=6, n_embd=384, block_size=256, vocab=171, batch=8, dtype=torch.float32)
 
 
-def build(arch, s, device):
+def build(arch, size, device):
     from model import ModelConfig, Transformer
     # equal size: t5 splits the layers between its encoder and decoder
-    layers = dict(n_layer=s["n_layer"] // 2, n_decoder_layer=s["n_layer"] // 2) if arch == "t5" else \
-        dict(n_layer=s["n_layer"])
+    layers = dict(n_layer=size["n_layer"] // 2, n_decoder_layer=size["n_layer"] // 2) if arch == "t5" else \
+        dict(n_layer=size["n_layer"])
     torch.manual_seed(0)
-    config = ModelConfig(arch=arch, vocab_size=s["vocab"], block_size=s["block_size"], n_head=s["n_head"],
-                         n_embd=s["n_embd"], bias=False, dropout=0.0, **layers)
+    config = ModelConfig(arch=arch, vocab_size=size["vocab"], block_size=size["block_size"], n_head=size["n_head"],
+                         n_embd=size["n_embd"], bias=False, dropout=0.0, **layers)
     return Transformer(config).to(device)
 
 
@@ -90,28 +92,28 @@ def autocast_for(device, dtype):
 
 # ----------------------------------------------------------------------------- sections
 
-def bench_ceilings(device, s, repeats, results):
-    flops = matmul_flops_per_second(device, s["dtype"], size=512 if s["n_embd"] < 128 else None,
-                                    seconds=0.2 if s["n_embd"] < 128 else 1.0)
-    bandwidth = copy_bandwidth(device, 32 if s["n_embd"] < 128 else 256, repeats)
-    results["ceilings"] = {"matmul_flops": flops, "dtype": str(s["dtype"]), "copy_bandwidth": bandwidth}
+def bench_ceilings(device, size, repeats, results):
+    quick = size["quick"]
+    flops = matmul_flops_per_second(device, size["dtype"], size=512 if quick else None, seconds=0.2 if quick else 1.0)
+    bandwidth = copy_bandwidth(device, 32 if quick else 256, repeats)
+    results["ceilings"] = {"matmul_flops": flops, "dtype": str(size["dtype"]), "copy_bandwidth": bandwidth}
     return table("1. Ceilings of this machine", ["measure", "value"],
-                 [[f"matmul ({str(s['dtype']).replace('torch.', '')})", f"{flops / 1e12:.3f} TFLOP/s"],
+                 [[f"matmul ({str(size['dtype']).replace('torch.', '')})", f"{flops / 1e12:.3f} TFLOP/s"],
                   ["device copy bandwidth", f"{bandwidth / 1e9:.1f} GB/s"]])
 
 
-def bench_training(device, s, repeats, results, compiled_rows=True):
+def bench_training(device, size, repeats, results, compiled_rows=True):
     import objectives
-    specials = synthetic_specials(s["vocab"])
+    specials = synthetic_specials(size["vocab"])
     peak = results["ceilings"]["matmul_flops"]
     rows, data = [], {}
     progress = Progress("[bench] training", 4)
     for done, arch in enumerate(("gpt", "bert", "prefixlm", "t5")):
         progress.update(done)
-        model = build(arch, s, device)
+        model = build(arch, size, device)
         optimizer = model.configure_optimizer(0.1, 1e-4, (0.9, 0.95), "cuda" if device.startswith("cuda") else device)
         generator = torch.Generator().manual_seed(0)
-        windows = torch.randint(0, specials.num_ordinary, (s["batch"], s["block_size"] + 1), generator=generator)
+        windows = torch.randint(0, specials.num_ordinary, (size["batch"], size["block_size"] + 1), generator=generator)
         objective = objectives.OBJECTIVES_FOR_ARCH[arch][0]
         batch = objectives.make_batch(objective, windows, specials, generator, arch)
         flops = model.training_flops(batch)
@@ -119,7 +121,7 @@ def bench_training(device, s, repeats, results, compiled_rows=True):
         batch = batch.to(device)
 
         def step(module):
-            with autocast_for(device, s["dtype"]):
+            with autocast_for(device, size["dtype"]):
                 _, loss = module(**batch.model_inputs())
             loss.backward()
             optimizer.step()
@@ -130,25 +132,28 @@ def bench_training(device, s, repeats, results, compiled_rows=True):
                       "supervised_per_s": supervised / seconds, "mfu": flops / seconds / peak,
                       "supervised_per_tflop": supervised / (flops / 1e12), "supervised_fraction": supervised / processed,
                       "parameters": model.num_parameters()}
-        d = data[arch]
-        rows.append([arch, objective, "eager", f"{d['parameters'] / 1e6:.2f}M", f"{d['ms_per_step']:.1f}",
-                     f"{d['tokens_per_s']:,.0f}", f"{100 * d['mfu']:.1f}%", f"{100 * d['supervised_fraction']:.1f}%",
-                     f"{d['supervised_per_s']:,.0f}", f"{d['supervised_per_tflop']:,.0f}", "-", "1.00x"])
-        if compiled_rows and (arch == "gpt" or s["n_embd"] >= 128):  # --quick: gpt's row only, to keep it quick
+        figures = data[arch]
+        rows.append([arch, objective, "eager", f"{figures['parameters'] / 1e6:.2f}M",
+                     f"{figures['ms_per_step']:.1f}", f"{figures['tokens_per_s']:,.0f}", f"{100 * figures['mfu']:.1f}%",
+                     f"{100 * figures['supervised_fraction']:.1f}%", f"{figures['supervised_per_s']:,.0f}",
+                     f"{figures['supervised_per_tflop']:,.0f}", "-", "1.00x"])
+        if compiled_rows and (arch == "gpt" or not size["quick"]):  # --quick: gpt's row only, to keep it quick
             # train.py --compile=True: the same step through torch.compile (forward and backward compiled; the
             # optimizer stays the fused AdamW). What compiling can remove is the non-matmul share of the step
             compiled = torch.compile(model)
             first = time_once(lambda: step(compiled), device)
             compiled_seconds = median_time(lambda: step(compiled), device, repeats, warmup=1)
-            d["compiled"] = c = {"ms_per_step": compiled_seconds * 1e3, "mfu": flops / compiled_seconds / peak,
-                                 "compile_s": max(0.0, first - compiled_seconds), "speedup": seconds / compiled_seconds}
-            rows.append([arch, objective, "compiled", "", f"{c['ms_per_step']:.1f}",
-                         f"{processed / compiled_seconds:,.0f}", f"{100 * c['mfu']:.1f}%", "",
-                         f"{supervised / compiled_seconds:,.0f}", "", f"{c['compile_s']:.0f}", f"{c['speedup']:.2f}x"])
+            figures["compiled"] = after = {"ms_per_step": compiled_seconds * 1e3, "mfu": flops / compiled_seconds / peak,
+                                           "compile_s": max(0.0, first - compiled_seconds),
+                                           "speedup": seconds / compiled_seconds}
+            rows.append([arch, objective, "compiled", "", f"{after['ms_per_step']:.1f}",
+                         f"{processed / compiled_seconds:,.0f}", f"{100 * after['mfu']:.1f}%", "",
+                         f"{supervised / compiled_seconds:,.0f}", "", f"{after['compile_s']:.0f}",
+                         f"{after['speedup']:.2f}x"])
     ratio = data["gpt"]["supervised_per_s"] / data["bert"]["supervised_per_s"]
     data["gpt_over_bert_supervised"] = ratio
     results["training"] = data
-    return table(f"2. Training step per architecture (batch {s['batch']} x {s['block_size']} tokens; "
+    return table(f"2. Training step per architecture (batch {size['batch']} x {size['block_size']} tokens; "
                  f"gpt / bert supervised tokens/s = {ratio:.2f}x, claim C1)",
                  ["arch", "objective", "step", "params", "ms/step", "tokens/s", "MFU", "supervised",
                   "supervised tok/s", "supervised tok/TFLOP", "compile s", "vs eager"], rows)
@@ -168,11 +173,11 @@ def which_backend(q, k, v, attn_mask, is_causal):
     return "none"
 
 
-def bench_attention(device, s, repeats, results, compiled_rows=True):
+def bench_attention(device, size, repeats, results, compiled_rows=True):
     import masks
-    B, H, T, hs = s["batch"], s["n_head"], s["block_size"], s["n_embd"] // s["n_head"]
+    B, H, T, hs = size["batch"], size["n_head"], size["block_size"], size["n_embd"] // size["n_head"]
     generator = torch.Generator(device=device).manual_seed(0)
-    q, k, v = (torch.randn(B, H, T, hs, device=device, dtype=s["dtype"], generator=generator) for _ in range(3))
+    q, k, v = (torch.randn(B, H, T, hs, device=device, dtype=size["dtype"], generator=generator) for _ in range(3))
     prefix = torch.full((B,), T // 2, device=device)
     variants = {
         "causal, is_causal=True (fast path)": (None, True),
@@ -188,21 +193,21 @@ def bench_attention(device, s, repeats, results, compiled_rows=True):
     if compiled_rows:
         data.update(bench_flex_attention(device, q, k, v, T, repeats))
     fast = data["causal, is_causal=True (fast path)"]["ms"]
-    for name, d in data.items():
-        timed = d["ms"] == d["ms"]  # not NaN
-        rows.append([name, f"{d['ms']:.3f}" if timed else "-", f"{d['ms'] / fast:.2f}x" if timed else "-",
-                     d["backend"]])
+    for name, figures in data.items():
+        timed = figures["ms"] == figures["ms"]  # not NaN
+        rows.append([name, f"{figures['ms']:.3f}" if timed else "-", f"{figures['ms'] / fast:.2f}x" if timed else "-",
+                     figures["backend"]])
     results["attention"] = data
     return table(f"3. Attention kernels (B={B}, heads={H}, T={T}, head size={hs}, "
-                 f"{str(s['dtype']).replace('torch.', '')}; claim E2)",
+                 f"{str(size['dtype']).replace('torch.', '')}; claim E2)",
                  ["variant", "ms/call", "vs is_causal", "backend"], rows)
 
 
 def bench_flex_attention(device, q, k, v, T, repeats):
     """FlexAttention (compiled; CUDA and, forward only, CPU): the masks as block masks, so that blocks a mask
     hides entirely are skipped rather than computed and thrown away. Each row is checked against SDPA with the
-    same mask before it is timed. Whether the backward pass (training) runs is reported too: not on the CPU
-    in torch 2.13."""
+    same mask before it is timed. Whether the backward pass (training) runs is reported too (not on a CPU so far:
+    docs/speed.md)."""
     import masks
     data = {}
     try:
@@ -224,7 +229,7 @@ def bench_flex_attention(device, q, k, v, T, repeats):
         return {"ms": float("nan"), "backend": f"cannot run here: {type(e).__name__}: {detail}"}
 
     for name, (rule, mask, is_causal) in rules.items():
-        torch._dynamo.reset()  # static shapes for each mask: a recompile with dynamic sizes broke the CPU template
+        torch._dynamo.reset()  # static shapes for each mask: recompiling with dynamic sizes can break the CPU template
         try:
             block_mask = create_block_mask(rule, B=None, H=None, Q_LEN=T, KV_LEN=T, device=device)
             reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
@@ -246,34 +251,33 @@ def bench_flex_attention(device, q, k, v, T, repeats):
     return data
 
 
-def bench_decoding(device, s, repeats, results, compiled_rows=True):
-    import kvcache as K
-    from sample import iterative_unmask
-    T = s["block_size"]
+def bench_decoding(device, size, repeats, results, compiled_rows=True):
+    import kvcache
+    T = size["block_size"]
     lengths = [L for L in (32, 64, 128, 256, 512, 1024) if L < T] + [T - 1]
     if T < 64:
         lengths = [16, T // 2, T - 1]
-    models = {arch: build(arch, s, device).eval() for arch in ("gpt", "prefixlm", "t5", "bert")}
+    models = {arch: build(arch, size, device).eval() for arch in ("gpt", "prefixlm", "t5", "bert")}
     generator = torch.Generator(device=device).manual_seed(0)
     ids = torch.randint(0, 60, (1, T), device=device, generator=generator)
     curves = {"gpt cached": [], "gpt recomputed": [], "prefixlm cached": [], "t5 cached": [],
               "bert recomputed (1 pass)": []}
-    with torch.no_grad(), autocast_for(device, s["dtype"]):
+    with torch.no_grad(), autocast_for(device, size["dtype"]):
         progress = Progress("[bench] decoding, context lengths", len(lengths))
         for done, L in enumerate(lengths):
             progress.update(done)
             for arch in ("gpt", "prefixlm", "t5"):
                 model = models[arch]
-                cache = K.KVCache(model, 1, T)
+                cache = kvcache.KVCache(model, 1, T)
                 if arch == "t5":  # context L: half read by the encoder, half already decoded
-                    K.prefill(model, ids[:, :L - L // 2], cache, encoder_inputs=ids[:, :L // 2])
+                    kvcache.prefill(model, ids[:, :L - L // 2], cache, encoder_inputs=ids[:, :L // 2])
                 else:
-                    K.prefill(model, ids[:, :L], cache)
+                    kvcache.prefill(model, ids[:, :L], cache)
                 token, start = ids[:, L:L + 1], cache.length
 
                 def one_step():
                     cache.length = start  # rewind: every repeat decodes the same position
-                    K.forward_with_cache(model, token, cache)
+                    kvcache.forward_with_cache(model, token, cache)
 
                 curves[f"{arch} cached"].append(median_time(one_step, device, repeats) * 1e3)
             for arch, name in (("gpt", "gpt recomputed"), ("bert", "bert recomputed (1 pass)")):
@@ -281,29 +285,29 @@ def bench_decoding(device, s, repeats, results, compiled_rows=True):
                 curves[name].append(median_time(lambda: model.logits(model.run_stack(ids[:, :L + 1])[:, -1]),
                                                 device, repeats) * 1e3)
     cached, full = curves["gpt cached"], curves["gpt recomputed"]
-    crossover = next((L for L, c, f in zip(lengths, cached, full) if c < f), None)
+    crossover = next((L for L, cached_ms, full_ms in zip(lengths, cached, full) if cached_ms < full_ms), None)
     if crossover == lengths[0]:
         where = f"at every measured context (the crossover lies below {lengths[0]})"
     else:
         where = f"from context {crossover}" if crossover else "nowhere in the measured range"
     rows = [[L] + [f"{curves[name][i]:.2f}" for name in curves] for i, L in enumerate(lengths)]
     text = table(f"4a. Decoding: ms per new token against context length (cached gpt is faster {where}; "
-                 f"{full[-1] / cached[-1]:.1f}x at {lengths[-1]}; t5 has {s['n_layer'] // 2} decoder layers, the "
-                 f"others {s['n_layer']}; claim D4)", ["context"] + list(curves), rows)
+                 f"{full[-1] / cached[-1]:.1f}x at {lengths[-1]}; t5 has {size['n_layer'] // 2} decoder layers, the "
+                 f"others {size['n_layer']}; claim D4)", ["context"] + list(curves), rows)
 
     # a whole generation: batch 1, 16-token prompt, 240 new tokens (fewer in --quick)
     new = min(240, T - 16)
-    mask_id = synthetic_specials(s["vocab"]).mask
+    mask_id = synthetic_specials(size["vocab"]).mask
     prompt = ids[:, :16]
     gpt = models["gpt"]
     run = {}
-    with torch.no_grad(), autocast_for(device, s["dtype"]):
+    with torch.no_grad(), autocast_for(device, size["dtype"]):
         for name, use_cache in (("gpt, KV cache", True), ("gpt, recomputed", False)):
-            seconds = median_time(lambda: K.generate(gpt, prompt, new, temperature=0, use_cache=use_cache), device,
+            seconds = median_time(lambda: kvcache.generate(gpt, prompt, new, temperature=0, use_cache=use_cache), device,
                                   max(1, repeats // 2), warmup=1)
             run[name] = {"tokens_per_s": new / seconds, "forward_passes": new}
         for steps in (16, 64):
-            seconds = median_time(lambda: iterative_unmask(models["bert"], prompt, new, steps, mask_id=mask_id,
+            seconds = median_time(lambda: kvcache.iterative_unmask(models["bert"], prompt, new, steps, mask_id=mask_id,
                                                            temperature=0), device, max(1, repeats // 2), warmup=1)
             run[f"bert mask-predict, {steps} steps"] = {"tokens_per_s": new / seconds, "forward_passes": steps}
     # each token must read every weight once, and the KV cache: bandwidth / those bytes bounds tokens/s (at batch 1).
@@ -313,15 +317,15 @@ def bench_decoding(device, s, repeats, results, compiled_rows=True):
     speedup = run["gpt, KV cache"]["tokens_per_s"] / run["gpt, recomputed"]["tokens_per_s"]
     # the floor assumes one read of the weights per token: it applies to token-by-token decoding, not to
     # mask-predict, which reads them once per step for many tokens at a time
-    rows = [[name, f"{d['tokens_per_s']:,.1f}", d["forward_passes"],
-             f"{100 * d['tokens_per_s'] / floor:.1f}%" if name.startswith("gpt") else "-"] for name, d in run.items()]
+    rows = [[name, f"{figures['tokens_per_s']:,.1f}", figures["forward_passes"],
+             f"{100 * figures['tokens_per_s'] / floor:.1f}%" if name.startswith("gpt") else "-"] for name, figures in run.items()]
     rows.append(["bandwidth floor (weights and KV cache read once per token)", f"{floor:,.1f}", "-", "100%"])
     text += table(f"4b. Generating {new} tokens from a 16-token prompt, batch 1 (cache speedup {speedup:.1f}x)",
                   ["sampler", "tokens/s", "forward passes", "of bandwidth floor"], rows)
     results["decoding"] = {"lengths": lengths, "ms_per_token": curves, "crossover": crossover,
                            "generation": run, "bandwidth_floor_tokens_per_s": floor, "cache_speedup": speedup}
     if compiled_rows:
-        text += bench_compiled_decoding(device, s, repeats, results, models, prompt, new)
+        text += bench_compiled_decoding(device, size, repeats, results, models, prompt, new)
     return text
 
 
@@ -331,15 +335,15 @@ def decoding_cost(model, average_context, encoder_length=0):
     (it ran once); each row reads keys and values of every layer over its context (t5: plus the cross-attention
     K/V over the encoder's output); FLOPs: 2 per weight of a matmul, plus 4 * layers * context * width for q.k
     and the weighted sum of v."""
-    c = model.config
+    config = model.config
     weights = model.num_parameters(exclude_positions=True)
-    layers = c.n_layer
-    if c.arch == "t5":  # the encoder, its final norm and the cross-attention K/V projections ran once, in the prefill
+    layers = config.n_layer
+    if config.arch == "t5":  # the encoder, its final norm and the cross-attention K/V projections ran once (prefill)
         once = [model.blocks, model.final_norm] + [block.cross_attention.key_value for block in model.decoder_blocks]
         weights -= sum(p.numel() for module in once for p in module.parameters())
-        layers = c.n_decoder_layer
+        layers = config.n_decoder_layer
     keys = average_context + encoder_length  # (the tied embedding counts once: its matmul is the output head)
-    return weights, layers * 2 * keys * c.n_embd, 2 * weights + 4 * layers * keys * c.n_embd
+    return weights, layers * 2 * keys * config.n_embd, 2 * weights + 4 * layers * keys * config.n_embd
 
 
 def decoding_floor(model, bandwidth, batch, average_context, encoder_length=0):
@@ -350,19 +354,19 @@ def decoding_floor(model, bandwidth, batch, average_context, encoder_length=0):
     return batch * bandwidth / ((weights + batch * cache_per_row) * next(model.parameters()).element_size())
 
 
-def bench_compiled_decoding(device, s, repeats, results, models, prompt, new):
+def bench_compiled_decoding(device, size, repeats, results, models, prompt, new):
     """4c: eager vs torch.compile'd decoding step (kvcache.compiled_decode_step), gpt at batch 1, 8 and 32 from one
     shared prefill (sample.py --num_samples), prefixlm and t5 at batch 1. Compilation is paid once per process and
     per batch-size regime (1, then any larger): the first generation's extra time is reported as compile time."""
-    import kvcache as K
+    import kvcache
     bandwidth, matmul_rate = results["ceilings"]["copy_bandwidth"], results["ceilings"]["matmul_flops"]
     cases = [("gpt", 1), ("gpt", 8), ("gpt", 32), ("prefixlm", 1), ("t5", 1)]
-    if s["n_embd"] < 128:  # --quick: the rows run, the figures mean nothing
+    if size["quick"]:  # the rows run, the figures mean nothing
         cases = [("gpt", 1), ("gpt", 8), ("t5", 1)]
     t5_inputs = prompt[:, :8]
     rows, data = [], {}
     progress = Progress("[bench] compiled decoding", 2 * len(cases))
-    with torch.no_grad(), autocast_for(device, s["dtype"]):
+    with torch.no_grad(), autocast_for(device, size["dtype"]):
         for done, (arch, batch) in enumerate(cases):
             model = models[arch]
             extra = dict(encoder_inputs=t5_inputs, start_token=0) if arch == "t5" else {}
@@ -377,18 +381,20 @@ def bench_compiled_decoding(device, s, repeats, results, models, prompt, new):
                 progress.update(2 * done + compiled)
 
                 def generation():
-                    K.generate(model, start, new, num_samples=batch, temperature=0, compiled=compiled, **extra)
+                    kvcache.generate(model, start, new, num_samples=batch, temperature=0, compiled=compiled, **extra)
 
                 first = time_once(generation, device)  # compiles on its first call (for a new batch regime)
                 seconds = median_time(generation, device, max(1, repeats // 2), warmup=0)
                 tokens_per_s = batch * new / seconds
-                data[f"{arch}, batch {batch}, {mode}"] = d = {
+                data[f"{arch}, batch {batch}, {mode}"] = figures = {
                     "tokens_per_s": tokens_per_s, "floor_tokens_per_s": floor, "of_floor": tokens_per_s / floor,
                     "compute_bound_tokens_per_s": compute_bound, "first_call_extra_s": max(0.0, first - seconds)}
-                rows.append([arch, batch, mode, f"{tokens_per_s:,.1f}", f"{floor:,.1f}", f"{100 * d['of_floor']:.1f}%",
-                             f"{compute_bound:,.0f}", f"{d['first_call_extra_s']:.1f}"])
-            d["speedup_over_eager"] = d["tokens_per_s"] / data[f"{arch}, batch {batch}, eager"]["tokens_per_s"]
-            rows[-1].append(f"{d['speedup_over_eager']:.2f}x")
+                rows.append([arch, batch, mode, f"{tokens_per_s:,.1f}", f"{floor:,.1f}",
+                             f"{100 * figures['of_floor']:.1f}%", f"{compute_bound:,.0f}",
+                             f"{figures['first_call_extra_s']:.1f}"])
+            eager = data[f"{arch}, batch {batch}, eager"]
+            figures["speedup_over_eager"] = figures["tokens_per_s"] / eager["tokens_per_s"]
+            rows[-1].append(f"{figures['speedup_over_eager']:.2f}x")
             rows[-2].append("1.00x")
     results["compiled_decoding"] = data
     return table(f"4c. Compiled decoding: {new} greedy tokens per row from a {prompt.size(1)}-token prompt (t5: an "
@@ -398,30 +404,30 @@ def bench_compiled_decoding(device, s, repeats, results, models, prompt, new):
                   "first-call extra s (compile)", "vs eager"], rows)
 
 
-def bench_prefix(device, s, repeats, results):
-    import kvcache as K
-    T = s["block_size"]
+def bench_prefix(device, size, repeats, results):
+    import kvcache
+    T = size["block_size"]
     requests, own, new = 16, max(4, T // 16), max(4, T // 16)
     shared_length = T - own - new
-    model = build("gpt", s, device).eval()
+    model = build("gpt", size, device).eval()
     generator = torch.Generator(device=device).manual_seed(1)
     prompt = torch.randint(0, 60, (1, shared_length), device=device, generator=generator)
     suffixes = torch.randint(0, 60, (requests, own), device=device, generator=generator)
 
     def serve(shared):
         if shared:  # one prefill of the common prompt, forked to every request
-            cache = K.KVCache(model, 1, T)
-            K.prefill(model, prompt, cache)
+            cache = kvcache.KVCache(model, 1, T)
+            kvcache.prefill(model, prompt, cache)
             cache = cache.fork(requests)
-            logits = K.forward_with_cache(model, suffixes, cache)[:, -1]
+            logits = kvcache.forward_with_cache(model, suffixes, cache)[:, -1]
         else:  # every request prefills the whole prompt itself (batched, as a server would)
-            cache = K.KVCache(model, requests, T)
-            logits = K.prefill(model, torch.cat([prompt.expand(requests, -1), suffixes], dim=1), cache)
+            cache = kvcache.KVCache(model, requests, T)
+            logits = kvcache.prefill(model, torch.cat([prompt.expand(requests, -1), suffixes], dim=1), cache)
         for _ in range(new):
             token = logits.argmax(-1, keepdim=True)
-            logits = K.forward_with_cache(model, token, cache)[:, -1]
+            logits = kvcache.forward_with_cache(model, token, cache)[:, -1]
 
-    with torch.no_grad(), autocast_for(device, s["dtype"]):
+    with torch.no_grad(), autocast_for(device, size["dtype"]):
         separate = median_time(lambda: serve(False), device, repeats)
         shared = median_time(lambda: serve(True), device, repeats)
     results["prefix"] = {"requests": requests, "shared_prompt": shared_length, "own_tokens": own,
@@ -440,10 +446,10 @@ def plot(results, path):
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    d = results["decoding"]
+    decoding = results["decoding"]
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name, values in d["ms_per_token"].items():
-        ax.plot(d["lengths"], values, marker="o", label=name)
+    for name, values in decoding["ms_per_token"].items():
+        ax.plot(decoding["lengths"], values, marker="o", label=name)
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("ms per new token")
     ax.set_title("Decoding cost against context (claim D4)")
@@ -490,19 +496,20 @@ def main():
     if config["repeats"] < 1:
         raise UserError("--repeats must be at least 1")
     device = pick_device(config["device"])
-    s = sizes(device, config["quick"])
+    size = sizes(device, config["quick"])
     name = "cuda" if device.startswith("cuda") else device
-    out = config["out"] or os.path.join("bench_results", f"bench-{name}{'-quick' if config['quick'] else ''}.json")
+    folder = os.path.join(QUICK_OUTPUT, "bench") if config["quick"] else os.path.join("results", "bench")
+    out = config["out"] or os.path.join(folder, f"bench-{name}{'-quick' if config['quick'] else ''}.json")
     check_out_path(out)
     repeats = 2 if config["quick"] else config["repeats"]
     if device.startswith("cuda"):
         machine = torch.cuda.get_device_name(device)
     else:
         machine = f"{cpu_name()}, {torch.get_num_threads()} threads"
-    print(f"## bench.py on {device} ({machine}), torch {torch.__version__}; model {s['n_layer']} layers x "
-          f"{s['n_embd']} dims, block {s['block_size']}; medians of {repeats}")
+    print(f"## bench.py on {device} ({machine}), torch {torch.__version__}; model {size['n_layer']} layers x "
+          f"{size['n_embd']} dims, block {size['block_size']}; medians of {repeats}")
     results = {"device": device, "machine": machine, "torch": torch.__version__,
-               "sizes": {k: str(v) for k, v in s.items()}}
+               "sizes": {k: str(v) for k, v in size.items()}}
     compiled_rows = config["compile"]
     if compiled_rows and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
         # compile times as a user's first run pays them: an empty cache of compiled kernels, removed at the end
@@ -520,18 +527,16 @@ def main():
             for i, section in enumerate(todo):
                 elapsed = time.perf_counter() - t0
                 print(f"\n[bench] section {i + 1}/{len(todo)}: {section}, {format_duration(elapsed)} so far", flush=True)
-                texts.append(sections[section](device, s, repeats, results))
+                texts.append(sections[section](device, size, repeats, results))
                 finished.append(section)
     except KeyboardInterrupt:
         not_done = [x for x in todo if x not in finished]
         results["not_done"] = not_done
         print(f"\ninterrupted: sections not done: {', '.join(not_done)}", flush=True)
     results["seconds"] = time.perf_counter() - t0
-    with open(out + ".tmp", "w") as f:
-        json.dump(results, f, indent=1)
-    os.replace(out + ".tmp", out)
-    with open(os.path.splitext(out)[0] + ".md", "w") as f:
-        f.write(f"bench.py on {device} ({machine}), torch {torch.__version__}\n" + "\n".join(texts) + "\n")
+    write_atomically(out, json.dumps(results, indent=1))
+    write_atomically(os.path.splitext(out)[0] + ".md",
+                     f"bench.py on {device} ({machine}), torch {torch.__version__}\n" + "\n".join(texts) + "\n")
     picture = None
     if config["plots"] and "decoding" in finished:
         picture = plot(results, os.path.splitext(out)[0] + ".png")

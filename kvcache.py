@@ -16,22 +16,21 @@ sequence. The same fact lets several requests share one prompt's K/V (prefix cac
 The cache is preallocated (no torch.cat per token): (layers, B, heads, max_length, head size) for K and for V.
 """
 import functools
+import math
 
 import torch
 
 import masks
-from model import ATTENTION_KIND
+from model import ATTENTION_OF_ARCH
 
 
 class LayerCache:
     """One layer's view of the shared cache; the attention module calls update(k, v)."""
-    fixed = False
 
     def __init__(self, cache, index):
         self.cache, self.index = cache, index
         # this layer's part of the shared buffers, (B, nh, max_length, hs): writing through a per-layer view lets
-        # torch.compile update it in place; a write into keys[index, ...] made compiled decoding copy the whole
-        # buffer at every layer and step (measured: 8x slower than eager at batch 8)
+        # torch.compile update it in place (a write into keys[index, ...] makes it copy the whole buffer each step)
         self.keys, self.values = cache.keys[index], cache.values[index]
 
     def update(self, k, v):
@@ -43,14 +42,6 @@ class LayerCache:
         self.keys[:, :, start:end] = k
         self.values[:, :, start:end] = v
         return self.keys[:, :, :end], self.values[:, :, :end]  # views, no copy
-
-
-class FixedKV:
-    """t5's cross-attention K/V for one decoder layer: computed once from the encoder output."""
-    fixed = True
-
-    def __init__(self, keys, values):
-        self.keys, self.values = keys, values
 
 
 class KVCache:
@@ -68,13 +59,14 @@ class KVCache:
         self.tokens = torch.zeros(batch_size, self.max_length, dtype=torch.long, device=device)  # what is cached
         self.length = 0           # positions filled so far
         self.prefix_length = None  # prefixlm: (B,) the bidirectional prefix
-        self.cross, self.cross_mask = None, None  # t5
+        self.cross, self.cross_mask = None, None  # t5: per decoder layer (K, V) of the encoder output; its padding
         self._layers = [LayerCache(self, i) for i in range(n_layers)]
 
     def layer(self, i):
         return self._layers[i]
 
-    def cross_layer(self, i):
+    def cross_keys_values(self, i):
+        """t5: decoder layer i's cross-attention (K, V), computed once from the encoder output (None before)."""
         return self.cross[i] if self.cross is not None else None
 
     def set_prefix(self, length):
@@ -86,15 +78,11 @@ class KVCache:
         self.tokens[:, self.length:self.length + T] = ids
         self.length += T
 
-    def set_encoder_output(self, model, memory, key_lengths=None):
+    def set_encoder_output(self, model, memory, lengths=None):
         """t5: compute every decoder layer's cross-attention K/V once; the encoder output never changes."""
-        self.cross = []
-        for block in model.decoder_blocks:
-            attention = block.cross_attention
-            k, v = attention.key_value(memory).split(model.config.n_embd, dim=2)
-            self.cross.append(FixedKV(attention.split_heads(k), attention.split_heads(v)))
-        if key_lengths is not None:
-            self.cross_mask, _ = masks.attention_mask("bidirectional", 1, memory.size(1), key_lengths=key_lengths,
+        self.cross = [block.cross_attention.keys_and_values(memory) for block in model.decoder_blocks]
+        if lengths is not None:
+            self.cross_mask, _ = masks.attention_mask("bidirectional", 1, memory.size(1), lengths=lengths,
                                                       device=memory.device)
 
     def fork(self, batch_size):
@@ -108,8 +96,8 @@ class KVCache:
         if self.prefix_length is not None:
             other.prefix_length = self.prefix_length[:1].repeat(batch_size)
         if self.cross is not None:  # t5: the encoder output is the same for every row; views, not copies
-            other.cross = [FixedKV(f.keys[:1].expand(batch_size, -1, -1, -1),
-                                   f.values[:1].expand(batch_size, -1, -1, -1)) for f in self.cross]
+            other.cross = [(k[:1].expand(batch_size, -1, -1, -1), v[:1].expand(batch_size, -1, -1, -1))
+                           for k, v in self.cross]
             if self.cross_mask is not None:
                 other.cross_mask = self.cross_mask[:1].expand(batch_size, -1, -1, -1)
         return other
@@ -127,15 +115,15 @@ def forward_with_cache(model, ids, cache):
     return model.logits(hidden)  # (B, T_new, V)
 
 
-def prefill(model, prompt, cache, encoder_inputs=None, encoder_lengths=None):
+def prefill(model, prompt, cache, encoder_inputs=None, lengths=None):
     """Fill the cache with a prompt in one forward; return the logits of its last position (B, V).
     prefixlm: the prompt becomes the bidirectional prefix. t5: `encoder_inputs` go through the encoder once and
     `prompt` is the decoder's start (usually the start token)."""
     arch = model.config.arch
     if arch == "t5":
-        memory = model.encode(encoder_inputs, encoder_lengths)
-        cache.set_encoder_output(model, memory, encoder_lengths)
-    elif ATTENTION_KIND[arch] == "prefix":
+        memory = model.encode(encoder_inputs, lengths)
+        cache.set_encoder_output(model, memory, lengths)
+    elif ATTENTION_OF_ARCH[arch] == "prefix":
         cache.set_prefix(cache.length + prompt.size(1))
     return forward_with_cache(model, prompt, cache)[:, -1]
 
@@ -144,7 +132,7 @@ def extend_prompt(model, prompt, cache):
     """Prefix caching for one request stream (gpt): if the cache already holds a prefix of `prompt`, compute
     only the new tokens (a chunked prefill). Returns (logits of the last position, number of tokens computed).
     Only sound for causal attention: in prefixlm or bert, new prompt tokens would change the cached prefix."""
-    if ATTENTION_KIND.get(model.config.arch) != "causal":
+    if ATTENTION_OF_ARCH.get(model.config.arch) != "causal":
         raise ValueError("extending a cached prompt is only exact for causal attention (claim D4)")
     n = min(cache.length, prompt.size(1) - 1)  # keep at least one token to compute (we need its logits)
     same = (cache.tokens[:, :n] == prompt[:, :n]).all(dim=0)
@@ -207,14 +195,14 @@ def slide_window(length, window_start, block_size):
     return length - block_size // 2 if length - window_start > block_size else window_start
 
 
-def encoder_rows(encoder_inputs, encoder_lengths, rows):
-    lengths = encoder_lengths.expand(rows) if encoder_lengths is not None else None
-    return encoder_inputs.expand(rows, -1), lengths
+def encoder_rows(encoder_inputs, lengths, rows):
+    """t5: the one encoder input (1, S) and its length, repeated for `rows` rows."""
+    return encoder_inputs.expand(rows, -1), lengths.expand(rows) if lengths is not None else None
 
 
 @torch.inference_mode()
 def generate_uncached(model, prompt, max_new_tokens, num_samples=1, temperature=1.0, top_k=None, generator=None,
-                      banned=None, encoder_inputs=None, encoder_lengths=None, start_token=None, stop=None):
+                      banned=None, encoder_inputs=None, lengths=None, start_token=None, stop=None):
     """The plain reference, nanoGPT's generate: for every new token, the whole context (and t5's encoder) runs
     again. Returns the sequences, (num_samples, P + max_new_tokens); t5: decoder tokens (num_samples, 1 + new)."""
     model.eval()
@@ -227,11 +215,11 @@ def generate_uncached(model, prompt, max_new_tokens, num_samples=1, temperature=
         window_start = slide_window(sequence.size(1), window_start, block_size)
         context = sequence[:, window_start:]
         if model.config.arch == "t5":
-            inputs, lengths = encoder_rows(encoder_inputs, encoder_lengths, num_samples)
-            hidden = model.decode(context, model.encode(inputs, lengths), lengths)
+            inputs, row_lengths = encoder_rows(encoder_inputs, lengths, num_samples)
+            hidden = model.decode(context, model.encode(inputs, row_lengths), row_lengths)
         else:
             prefix = None
-            if ATTENTION_KIND[model.config.arch] == "prefix":  # the prompt, or after a slide the kept tokens
+            if ATTENTION_OF_ARCH[model.config.arch] == "prefix":  # the prompt, or after a slide the kept tokens
                 prefix_length = prompt_length if window_start == 0 else block_size // 2
                 prefix = torch.full((num_samples,), prefix_length, device=sequence.device)
             hidden = model.run_stack(context, prefix_length=prefix)
@@ -241,12 +229,12 @@ def generate_uncached(model, prompt, max_new_tokens, num_samples=1, temperature=
     return sequence
 
 
-def prefill_window(model, context, encoder_inputs=None, encoder_lengths=None):
+def prefill_window(model, context, encoder_inputs=None, lengths=None):
     """A new cache holding `context` (B, T) (t5: and the encoder's output); returns (cache, last logits)."""
     cache = KVCache(model, context.size(0), model.config.block_size)
     if model.config.arch == "t5":
-        inputs, lengths = encoder_rows(encoder_inputs, encoder_lengths, context.size(0))
-        return cache, prefill(model, context, cache, inputs, lengths)
+        inputs, row_lengths = encoder_rows(encoder_inputs, lengths, context.size(0))
+        return cache, prefill(model, context, cache, inputs, row_lengths)
     return cache, prefill(model, context, cache)
 
 
@@ -257,13 +245,12 @@ def decode_step(model, token, cache):
 
 # The same step compiled (generate(compiled=True), sample.py --compile=True). Where a small model's batch-1 step is
 # mostly Python and per-op overhead (dozens of small kernels per layer), compiling fuses the element-wise ops and
-# drops the Python around them, leaving the matmuls, i.e. reading the weights. How much that buys depends on the
-# CPU: on the Intel machine of README's Benchmarks eager is already near the bandwidth floor, and compiled decoding
-# is 1.1-1.2x faster (bench.py 4c). No recompilation per token:
-# dynamic=True compiles the cache length (and a batch size above 1) as symbolic sizes, so one graph serves every
-# position; batch 1 and the context's last position get graphs of their own. The prefill stays eager: it runs once
-# per generation. Compiled graphs are kept per code object, up to torch._dynamo.config.recompile_limit (8) sets of
-# guards: a process that decodes with several models in turn may need torch._dynamo.reset() between them (bench.py).
+# drops the Python around them, leaving the matmuls, i.e. reading the weights (how much that buys depends on the
+# CPU: docs/speed.md). No recompilation per token: dynamic=True compiles the cache length (and a batch size above 1)
+# as symbolic sizes, so one graph serves every position; batch 1 and the context's last position get graphs of
+# their own. The prefill stays eager: it runs once per generation. Compiled graphs are kept per code object, up to
+# torch._dynamo.config.recompile_limit (8) sets of guards: a process that decodes with several models in turn may
+# need torch._dynamo.reset() between them (bench.py).
 @functools.cache
 def compiled_decode_step():
     """decode_step through torch.compile, built on first use: importing the compiler costs ~1 s, which a script
@@ -273,7 +260,7 @@ def compiled_decode_step():
 
 @torch.inference_mode()  # like no_grad, minus autograd's version counters: less overhead per token
 def generate(model, prompt, max_new_tokens, num_samples=1, temperature=1.0, top_k=None, generator=None,
-             banned=None, encoder_inputs=None, encoder_lengths=None, start_token=None, use_cache=True, stop=None,
+             banned=None, encoder_inputs=None, lengths=None, start_token=None, use_cache=True, stop=None,
              compiled=False):
     """Sample continuations with the KV cache: prefill the prompt once, fork the cache to every sample (prefix
     caching), then one position per step. gpt / prefixlm: `prompt` (1, P) is the text so far. t5:
@@ -282,12 +269,12 @@ def generate(model, prompt, max_new_tokens, num_samples=1, temperature=1.0, top_
     compiled=True runs each decoding step through torch.compile (same tokens as eager, tests/test_kvcache.py)."""
     if not use_cache:
         return generate_uncached(model, prompt, max_new_tokens, num_samples, temperature, top_k, generator, banned,
-                                 encoder_inputs, encoder_lengths, start_token, stop)
+                                 encoder_inputs, lengths, start_token, stop)
     model.eval()
     one_position = compiled_decode_step() if compiled else decode_step
     block_size = model.config.block_size
     sequence = start_sequence(model, prompt, num_samples, start_token)
-    cache, logits = prefill_window(model, sequence[:1], encoder_inputs, encoder_lengths)
+    cache, logits = prefill_window(model, sequence[:1], encoder_inputs, lengths)
     cache, logits = cache.fork(num_samples), logits.expand(num_samples, -1)  # one prefill serves every sample
     window_start = 0
     for step in range(max_new_tokens):
@@ -298,7 +285,52 @@ def generate(model, prompt, max_new_tokens, num_samples=1, temperature=1.0, top_
         new_start = slide_window(sequence.size(1), window_start, block_size)
         if new_start != window_start:  # the context is full: prefill the kept tokens again, as the reference
             window_start = new_start
-            cache, logits = prefill_window(model, sequence[:, window_start:], encoder_inputs, encoder_lengths)
+            cache, logits = prefill_window(model, sequence[:, window_start:], encoder_inputs, lengths)
         else:
             logits = one_position(model, token, cache)  # against the cache
     return sequence
+
+
+# ----------------------------------------------------------------------------- bert: no cache, iterative unmasking instead
+
+@torch.inference_mode()
+def iterative_unmask(model, prompt, num_new, steps, mask_id, num_samples=1, temperature=1.0, top_k=None,
+                     order="confident", block_length=0, generator=None, banned=None, stop=None):
+    """Append num_new [MASK]s after the prompt and fill them over `steps` bidirectional forward passes. Each pass
+    predicts every masked position; a share of them is revealed (the most confident, or random ones) and the rest
+    stay masked for the next pass. With block_length > 0 the masks are filled block by block, left to right
+    (semi-autoregressive), the steps split evenly between blocks. This is mask-predict for bert and the standard
+    sampler of masked diffusion; revealed tokens stay fixed. Returns (tokens, forward passes)."""
+    model.eval()
+    if steps < 1:
+        raise ValueError("steps must be at least 1")
+    P = prompt.size(1)
+    x = torch.cat([prompt, torch.full((1, num_new), mask_id, device=prompt.device)], dim=1).repeat(num_samples, 1)
+    block_length = block_length or num_new
+    blocks = [(s, min(s + block_length, P + num_new)) for s in range(P, P + num_new, block_length)]
+    steps_per_block = max(1, steps // len(blocks))
+    passes = 0
+    for start, end in blocks:
+        for step in range(steps_per_block):
+            masked = x[:, start:end] == mask_id  # (S, n)
+            remaining = int(masked.sum(dim=1).max())
+            if remaining == 0 or stop:
+                break
+            logits, _ = model(x)
+            passes += 1
+            logits = logits[:, start:end]  # (S, n, V)
+            S, n, V = logits.shape
+            candidates = sample_next(logits.reshape(S * n, V), temperature, top_k, generator, banned).view(S, n)
+            if order == "confident":
+                probs = torch.softmax(logits.float(), dim=-1)
+                score = probs.gather(-1, candidates[..., None])[..., 0]
+            else:
+                score = torch.rand(S, n, generator=generator, device=logits.device)
+            score = score.masked_fill(~masked, -1.0)  # only masked positions compete
+            # reveal an even share of what is left, everything on the block's last step
+            reveal = math.ceil(remaining / (steps_per_block - step))
+            chosen = torch.zeros_like(masked)
+            chosen.scatter_(1, score.topk(min(reveal, n), dim=1).indices, True)
+            chosen &= masked
+            x[:, start:end] = torch.where(chosen, candidates, x[:, start:end])
+    return x, passes

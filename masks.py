@@ -48,10 +48,10 @@ def prefix_lm_mask(prefix_length, query_length, key_length=None):
     return (causal[None, :, :] | in_prefix[:, None, :])[:, None, :, :]  # (B, 1, Tq, Tk)
 
 
-def padding_mask(key_lengths, key_length):
-    """(B, 1, 1, Tk): hide padded keys (positions >= key_lengths[b]) from every query."""
-    positions = torch.arange(key_length, device=key_lengths.device)
-    return (positions[None, :] < key_lengths[:, None])[:, None, None, :]
+def padding_mask(lengths, key_length):
+    """(B, 1, 1, Tk): hide padded keys (positions >= lengths[b], the real length of row b) from every query."""
+    positions = torch.arange(key_length, device=lengths.device)
+    return (positions[None, :] < lengths[:, None])[:, None, None, :]
 
 
 def encoder_decoder_masks(encoder_length, decoder_length, device=None):
@@ -74,7 +74,7 @@ def flattened_encoder_decoder_mask(encoder_length, decoder_length, device=None):
     return torch.cat([top, bottom], dim=0)
 
 
-def attention_mask(kind, query_length, key_length=None, prefix_length=None, key_lengths=None, device=None):
+def attention_mask(kind, query_length, key_length=None, prefix_length=None, lengths=None, device=None):
     """Turn an attention kind into SDPA's two arguments: (attn_mask or None, is_causal).
 
     The causal case takes SDPA's `is_causal=True` fast path whenever it is exact: a square query/key block (no KV
@@ -88,7 +88,7 @@ def attention_mask(kind, query_length, key_length=None, prefix_length=None, key_
         raise ValueError(f"unknown attention kind {kind!r}, expected one of {ATTENTION_KINDS}")
     mask = None
     if kind == "causal" and query_length > 1:
-        if query_length == key_length and key_lengths is None:
+        if query_length == key_length and lengths is None:
             return None, True  # the fast path: no mask tensor is built or read (claim E2)
         mask = causal_mask(query_length, key_length, device)
     elif kind == "prefix" and query_length > 1:
@@ -96,8 +96,8 @@ def attention_mask(kind, query_length, key_length=None, prefix_length=None, key_
             raise ValueError("attention kind 'prefix' needs prefix_length")
         mask = prefix_lm_mask(prefix_length.to(device), query_length, key_length)
     # bidirectional, or a single query at the end of the keys (decoding): every key is visible, no mask needed
-    if key_lengths is not None:
-        padding = padding_mask(key_lengths.to(device), key_length)
+    if lengths is not None:  # right-padded rows: keys past each row's real length are hidden
+        padding = padding_mask(lengths.to(device), key_length)
         mask = padding if mask is None else mask & padding
     return mask, False
 

@@ -2,9 +2,10 @@
 One Transformer for every architecture in the debate (claims A1, A2).
 
 gpt, bert and prefixlm are literally the same modules: one stack of `Block`s. The only line that differs is
-ATTENTION_KIND below, the mask each query row gets. t5 is two stacks of the same `Block`, the decoder's blocks
-adding cross-attention to the encoder's output. Read leaf to root: norm, rotary positions, attention, MLP, block,
-config (with size presets), model.
+ATTENTION_OF_ARCH below, the mask each query row gets. t5 is two stacks of the same `Block`, the decoder's blocks
+adding cross-attention to the encoder's output. Read leaf to root: rotary positions, attention, MLP, block,
+config (with size presets), model. Below the banner at the end: the few options that exist only so that published
+GPT-2, BERT and T5 weights compute exactly what they were trained to (infra/pretrained.py loads them).
 
 The one attention function (`Attention.forward`) serves self-attention, cross-attention and cached decoding;
 nothing else in the project calls scaled_dot_product_attention.
@@ -20,30 +21,10 @@ import masks
 
 IGNORE_INDEX = -100  # targets equal to this carry no loss (unsupervised positions)
 
-# The whole difference between the single-stack architectures (claim A1):
-ATTENTION_KIND = {"gpt": "causal", "bert": "bidirectional", "prefixlm": "prefix"}
+# The whole difference between the single-stack architectures (claim A1): the attention kind (masks.py) of each
+ATTENTION_OF_ARCH = {"gpt": "causal", "bert": "bidirectional", "prefixlm": "prefix"}
 ARCHS = ("gpt", "bert", "prefixlm", "t5")  # t5: bidirectional encoder + causal decoder + cross-attention (A1, A2)
 POSITION_KINDS = ("learned", "rope", "relative", "none")  # "none" is NoPE (claim D5); "relative" is T5's bias
-NORMS = ("layernorm", "rmsnorm")
-# GPT-2's tanh approximation of GELU is the default (README, Reliability: why not the exact one); BERT uses the
-# exact GELU and T5 (v1.0) a ReLU: options so that their published weights compute exactly what they were trained to
-ACTIVATIONS = {"gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu, "relu": F.relu}
-
-
-class Activation(nn.Module):
-    def __init__(self, name):
-        super().__init__()
-        self.name, self.function = name, ACTIVATIONS[name]
-
-    def forward(self, x):
-        return self.function(x)
-
-
-def make_norm(config):
-    """LayerNorm (GPT-2, BERT, ours) or RMSNorm (T5: no mean subtraction, no bias)."""
-    if config.norm == "rmsnorm":
-        return nn.RMSNorm(config.n_embd, eps=config.norm_eps)
-    return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
 
 
 class RotaryPositions(nn.Module):
@@ -65,38 +46,6 @@ class RotaryPositions(nn.Module):
         return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
 
-class RelativePositionBias(nn.Module):
-    """T5's positions: a learned scalar per head added to each attention score, looked up by the bucket of the
-    offset (key - query). Small offsets get a bucket each, larger ones share log-spaced buckets up to max_distance.
-    bidirectional=False (t5's decoder) buckets only offsets into the past. One table per stack, used by every
-    layer of that stack (as T5 does)."""
-
-    def __init__(self, config, bidirectional):
-        super().__init__()
-        self.bidirectional, self.num_buckets = bidirectional, config.relative_buckets
-        self.max_distance = config.relative_max_distance
-        self.bias = nn.Embedding(config.relative_buckets, config.n_head)
-
-    def bucket(self, offset):
-        num_buckets, bucket = self.num_buckets, torch.zeros_like(offset)
-        if self.bidirectional:  # half the buckets for keys after the query
-            num_buckets //= 2
-            bucket = (offset > 0).long() * num_buckets
-            distance = offset.abs()
-        else:
-            distance = (-offset).clamp(min=0)
-        exact = num_buckets // 2
-        log_bucket = exact + (torch.log(distance.float().clamp(min=1) / exact) / math.log(self.max_distance / exact)
-                              * (num_buckets - exact)).long()
-        log_bucket = log_bucket.clamp(max=num_buckets - 1)
-        return bucket + torch.where(distance < exact, distance, log_bucket)
-
-    def forward(self, query_length, key_length, start, device):
-        queries = torch.arange(start, start + query_length, device=device)[:, None]
-        keys = torch.arange(key_length, device=device)[None, :]
-        return self.bias(self.bucket(keys - queries)).permute(2, 0, 1).unsqueeze(0)  # (1, nh, Tq, Tk)
-
-
 def explicit_attention_probabilities(q, k, attn_mask=None, is_causal=False, scale=None):
     """The plain reference: softmax(q k^T * scale + mask), (B, nh, Tq, Tk), scale = 1/sqrt(d) unless given. SDPA
     computes the same thing without materialising it; tests check the two agree, and the claim D3 analysis reads
@@ -111,18 +60,10 @@ def explicit_attention_probabilities(q, k, attn_mask=None, is_causal=False, scal
     return torch.softmax(scores.float(), dim=-1)
 
 
-def add_position_bias(attn_mask, is_causal, position_bias, query_length, key_length, device):
-    """Fold T5's additive position bias and the boolean mask into one float mask for SDPA."""
-    if is_causal:
-        attn_mask = masks.causal_mask(query_length, key_length, device)
-    if attn_mask is None:
-        return position_bias
-    return position_bias.masked_fill(~attn_mask, float("-inf"))
-
-
 class Attention(nn.Module):
     """Multi-head attention. Queries come from `x`; keys and values from `context` (= x for self-attention,
-    the encoder output for cross-attention). An optional `cache` (see kvcache.py) stores K/V across calls."""
+    the encoder output for cross-attention). An optional `cache` (kvcache.LayerCache) stores K/V across calls;
+    `keys_values`, t5's cross-attention while decoding, are K/V computed once from the encoder output."""
 
     def __init__(self, config):
         super().__init__()
@@ -140,16 +81,19 @@ class Attention(nn.Module):
         B, T, C = t.shape
         return t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
 
+    def keys_and_values(self, context):
+        """(K, V), each (B, nh, Tk, hs), of a key/value source (B, Tk, C)."""
+        k, v = self.key_value(context).split(context.size(-1), dim=2)
+        return self.split_heads(k), self.split_heads(v)
+
     def forward(self, x, context=None, attn_mask=None, is_causal=False, rotary=None, start=0, cache=None,
-                position_bias=None):
+                keys_values=None, position_bias=None):
         B, T, C = x.shape
         q = self.split_heads(self.query(x))  # (B, nh, T, hs)
-        if cache is not None and cache.fixed:
-            # t5 cross-attention while decoding: the encoder output never changes, so its K/V were computed once
-            k, v = cache.keys, cache.values
+        if keys_values is not None:
+            k, v = keys_values  # t5 cross-attention while decoding: the encoder output never changes
         else:
-            k, v = self.key_value(x if context is None else context).split(C, dim=2)
-            k, v = self.split_heads(k), self.split_heads(v)  # (B, nh, Tk, hs)
+            k, v = self.keys_and_values(x if context is None else context)  # (B, nh, Tk, hs)
             if rotary is not None:
                 q, k = rotary(q, start), rotary(k, start)
             if cache is not None:
@@ -182,8 +126,8 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
     """Pre-norm Transformer block. With cross_attention=True (t5's decoder) it gains one more sub-layer that
-    reads the encoder output; that is the only new module encoder-decoder needs (claim A2). post_norm=True is
-    the original Transformer's and BERT's order, norm(x + sublayer(x)), kept only to load BERT's weights."""
+    reads the encoder output (`memory`, or its K/V computed once: `cross_keys_values`); that is the only new
+    module encoder-decoder needs (claim A2)."""
 
     def __init__(self, config, cross_attention=False):
         super().__init__()
@@ -196,16 +140,15 @@ class Block(nn.Module):
         self.norm_2 = make_norm(config)
         self.mlp = MLP(config)
 
-    def forward(self, x, attn_mask=None, is_causal=False, rotary=None, start=0, cache=None,
-                memory=None, cross_mask=None, cross_cache=None, position_bias=None):
-        attend = dict(attn_mask=attn_mask, is_causal=is_causal, rotary=rotary, start=start, cache=cache,
-                      position_bias=position_bias)
-        if self.post_norm:  # BERT
-            x = self.norm_1(x + self.attention(x, **attend))
-            return self.norm_2(x + self.mlp(x))
-        x = x + self.attention(self.norm_1(x), **attend)
-        if memory is not None or cross_cache is not None:
-            x = x + self.cross_attention(self.norm_cross(x), context=memory, attn_mask=cross_mask, cache=cross_cache)
+    def forward(self, x, attn_mask=None, is_causal=False, rotary=None, start=0, cache=None, position_bias=None,
+                memory=None, cross_mask=None, cross_keys_values=None):
+        if self.post_norm:  # BERT's order, for its published weights (the bottom of this file)
+            return post_norm_forward(self, x, attn_mask, is_causal, rotary, start, cache, position_bias)
+        x = x + self.attention(self.norm_1(x), attn_mask=attn_mask, is_causal=is_causal, rotary=rotary, start=start,
+                               cache=cache, position_bias=position_bias)
+        if memory is not None or cross_keys_values is not None:
+            x = x + self.cross_attention(self.norm_cross(x), context=memory, attn_mask=cross_mask,
+                                         keys_values=cross_keys_values)
         return x + self.mlp(self.norm_2(x))
 
 
@@ -222,10 +165,10 @@ class ModelConfig:
     dropout: float = 0.0
     bias: bool = True           # biases in Linear and LayerNorm
     position: str = "learned"   # learned | rope | relative (T5) | none (NoPE, claim D5)
-    # Options that exist only so that published checkpoints load exactly (pretrained.py); defaults = ours, GPT-2's
+    # Options that exist only so that published checkpoints load exactly (the bottom of this file); defaults = ours
     norm: str = "layernorm"     # layernorm | rmsnorm (T5)
     norm_eps: float = 1e-5      # BERT 1e-12, T5 1e-6
-    activation: str = "gelu_tanh"  # gelu_tanh (GPT-2) | gelu (BERT) | relu (T5 v1.0)
+    activation: str = "gelu_tanh"  # gelu_tanh (GPT-2, ours) | gelu (BERT) | relu (T5 v1.0)
     post_norm: bool = False     # BERT: norm after each residual addition, and after the embeddings
     segment_vocab_size: int = 0  # BERT's token-type (segment) embeddings; we always feed segment 0
     mlm_head: bool = False      # BERT's output transform (dense, GELU, norm) and output bias before the logits
@@ -296,7 +239,7 @@ class Transformer(nn.Module):
         self.rotary = (RotaryPositions(config.n_embd // config.n_head, config.block_size)
                        if config.position == "rope" else None)
         if config.position == "relative":  # T5: one bias table per stack; the decoder's sees only the past
-            self.relative_bias = RelativePositionBias(config, bidirectional=ATTENTION_KIND.get(config.arch) != "causal")
+            self.relative_bias = RelativePositionBias(config, ATTENTION_OF_ARCH.get(config.arch) != "causal")
             if config.arch == "t5":
                 self.decoder_relative_bias = RelativePositionBias(config, bidirectional=False)
         if config.segment_vocab_size:  # BERT
@@ -316,13 +259,6 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=config.mlm_head)
         self.lm_head.weight = self.token_embedding.weight  # tied input/output embeddings
         self.apply(self._init_weights)
-
-    @classmethod
-    def from_pretrained(cls, name_or_folder, device="cpu"):
-        """Published GPT-2 / BERT / T5 weights, from the hub or a save_pretrained folder, in these same modules
-        (the name tables and the loading live in pretrained.py; transformers is needed only there)."""
-        from pretrained import load_pretrained
-        return load_pretrained(name_or_folder, device)[0]
 
     def _init_weights(self, module):
         if isinstance(module, nn.Linear):
@@ -376,14 +312,14 @@ class Transformer(nn.Module):
         table = self.decoder_relative_bias if stack == "decoder" else self.relative_bias
         return table(query_length, key_length, start, self.token_embedding.weight.device)
 
-    def run_stack(self, ids, prefix_length=None, key_lengths=None, cache=None):
-        """gpt / bert / prefixlm: one stack, the mask picked by the arch. Returns the final hidden states."""
+    def run_stack(self, ids, prefix_length=None, lengths=None, cache=None):
+        """gpt / bert / prefixlm: one stack, the mask picked by the arch. Returns the final hidden states.
+        lengths (B,): the real length of each row of right-padded ids (padded keys hidden)."""
         start = cache.length if cache is not None else 0
-        x = self.embed(ids, start)
+        x = self.embed(ids, start)  # (B, T, C)
         T = ids.size(1)
-        attn_mask, is_causal = masks.attention_mask(ATTENTION_KIND[self.config.arch], T, start + T,
-                                                    prefix_length=prefix_length, key_lengths=key_lengths,
-                                                    device=ids.device)
+        attn_mask, is_causal = masks.attention_mask(ATTENTION_OF_ARCH[self.config.arch], T, start + T,
+                                                    prefix_length=prefix_length, lengths=lengths, device=ids.device)
         position_bias = self.position_bias("encoder", T, start + T, start)
         for i, block in enumerate(self.blocks):
             x = block(x, attn_mask=attn_mask, is_causal=is_causal, rotary=self.rotary, start=start,
@@ -392,51 +328,52 @@ class Transformer(nn.Module):
             cache.advance(ids, T)
         return self.final_norm(x)
 
-    def encode(self, ids, key_lengths=None):
+    def encode(self, ids, lengths=None):
         """t5's encoder: the same blocks, bidirectional (padding hidden when examples have different lengths)."""
         x = self.embed(ids)
-        attn_mask, _ = masks.attention_mask("bidirectional", ids.size(1), key_lengths=key_lengths, device=ids.device)
+        attn_mask, _ = masks.attention_mask("bidirectional", ids.size(1), lengths=lengths, device=ids.device)
         position_bias = self.position_bias("encoder", ids.size(1), ids.size(1), 0)
         for block in self.blocks:
             x = block(x, attn_mask=attn_mask, rotary=self.rotary, position_bias=position_bias)
         return self.final_norm(x)  # (B, T_enc, C), "memory"
 
-    def decode(self, ids, memory=None, key_lengths=None, cache=None):
-        """t5's decoder: causal self-attention plus cross-attention to the encoder output. While decoding with a
-        cache, `memory` may be None: cross-attention K/V were stored once in the cache."""
+    def decode(self, ids, memory=None, lengths=None, cache=None):
+        """t5's decoder: causal self-attention plus cross-attention to the encoder output (lengths: its rows' real
+        lengths). While decoding with a cache, `memory` may be None: cross-attention K/V were stored once in the
+        cache."""
         start = cache.length if cache is not None else 0
         x = self.embed(ids, start)
         T = ids.size(1)
         attn_mask, is_causal = masks.attention_mask("causal", T, start + T, device=ids.device)
         cross_mask = None
-        if key_lengths is not None and memory is not None:
-            cross_mask, _ = masks.attention_mask("bidirectional", T, memory.size(1), key_lengths=key_lengths,
-                                                 device=ids.device)
+        if lengths is not None and memory is not None:
+            cross_mask, _ = masks.attention_mask("bidirectional", T, memory.size(1), lengths=lengths, device=ids.device)
         elif cache is not None:
             cross_mask = cache.cross_mask
         position_bias = self.position_bias("decoder", T, start + T, start)
         for i, block in enumerate(self.decoder_blocks):
             x = block(x, attn_mask=attn_mask, is_causal=is_causal, rotary=self.rotary, start=start,
-                      cache=cache.layer(i) if cache is not None else None,
-                      memory=memory, cross_mask=cross_mask, position_bias=position_bias,
-                      cross_cache=cache.cross_layer(i) if cache is not None else None)
+                      cache=cache.layer(i) if cache is not None else None, position_bias=position_bias,
+                      memory=memory, cross_mask=cross_mask,
+                      cross_keys_values=cache.cross_keys_values(i) if cache is not None else None)
         if cache is not None:
             cache.advance(ids, T)
         return self.decoder_norm(x)
 
-    def forward(self, inputs, targets=None, prefix_length=None, decoder_inputs=None, input_lengths=None,
+    def forward(self, inputs, targets=None, prefix_length=None, decoder_inputs=None, lengths=None,
                 loss_weights=None):
         """Logits for every position (B, T, V) and, with targets, the mean loss over supervised positions.
 
-        inputs: (B, T) token ids (t5: the encoder's input). decoder_inputs: (B, T_dec), t5 only.
-        targets: aligned with the positions that produce logits, IGNORE_INDEX where there is no loss.
-        loss_weights: optional (B, T) per-position weights (masked diffusion's 1/t); the loss is then
-        sum(weight * cross-entropy) / number of positions, an ELBO rather than a mean (claim C4)."""
+        inputs: (B, T) token ids (t5: the encoder's input; lengths (B,) when its rows are padded).
+        decoder_inputs: (B, T_dec), t5 only. targets: aligned with the positions that produce logits,
+        IGNORE_INDEX where there is no loss. loss_weights: optional (B, T) per-position weights (masked
+        diffusion's 1/t); the loss is then sum(weight * cross-entropy) / number of positions, an ELBO rather than
+        a mean (claim C4)."""
         if self.config.arch == "t5":
-            memory = self.encode(inputs, input_lengths)
-            hidden = self.decode(decoder_inputs, memory, input_lengths)
+            memory = self.encode(inputs, lengths)
+            hidden = self.decode(decoder_inputs, memory, lengths)
         else:
-            hidden = self.run_stack(inputs, prefix_length)
+            hidden = self.run_stack(inputs, prefix_length, lengths)
         logits = self.logits(hidden)  # (B, T, V): every position, MLM needs them all
         if targets is None:
             return logits, None
@@ -496,6 +433,82 @@ def describe(model):
     c = model.config
     stacks = f"{c.n_layer} encoder + {c.n_decoder_layer} decoder layers" if c.arch == "t5" else f"{c.n_layer} layers"
     return f"{c.arch}: {stacks}, {c.n_head} heads, {c.n_embd} dims, {model.num_parameters() / 1e6:.2f}M parameters"
+
+
+# =============================================================================================================
+# Published-checkpoint fidelity. Nothing above needs what follows to train from scratch: these are the few
+# options (ModelConfig's second group of fields) that let GPT-2's, BERT's and T5's released weights compute in
+# these modules exactly what they computed when published (infra/pretrained.py maps their names onto ours).
+# =============================================================================================================
+
+NORMS = ("layernorm", "rmsnorm")
+# GPT-2's tanh approximation of GELU is our default (docs/reliability.md: why not the exact one); BERT uses the
+# exact GELU and T5 (v1.0) a ReLU
+ACTIVATIONS = {"gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu, "relu": F.relu}
+
+
+class Activation(nn.Module):
+    def __init__(self, name):
+        super().__init__()
+        self.name, self.function = name, ACTIVATIONS[name]
+
+    def forward(self, x):
+        return self.function(x)
+
+
+def make_norm(config):
+    """LayerNorm (GPT-2, BERT, ours) or RMSNorm (T5: no mean subtraction, no bias)."""
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.n_embd, eps=config.norm_eps)
+    return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
+
+
+def post_norm_forward(block, x, attn_mask, is_causal, rotary, start, cache, position_bias):
+    """The original Transformer's and BERT's order, norm(x + sublayer(x)), for one stack (no cross-attention)."""
+    x = block.norm_1(x + block.attention(x, attn_mask=attn_mask, is_causal=is_causal, rotary=rotary, start=start,
+                                         cache=cache, position_bias=position_bias))
+    return block.norm_2(x + block.mlp(x))
+
+
+class RelativePositionBias(nn.Module):
+    """T5's positions: a learned scalar per head added to each attention score, looked up by the bucket of the
+    offset (key - query). Small offsets get a bucket each, larger ones share log-spaced buckets up to max_distance.
+    bidirectional=False (t5's decoder) buckets only offsets into the past. One table per stack, used by every
+    layer of that stack (as T5 does)."""
+
+    def __init__(self, config, bidirectional):
+        super().__init__()
+        self.bidirectional, self.num_buckets = bidirectional, config.relative_buckets
+        self.max_distance = config.relative_max_distance
+        self.bias = nn.Embedding(config.relative_buckets, config.n_head)
+
+    def bucket(self, offset):
+        num_buckets, bucket = self.num_buckets, torch.zeros_like(offset)
+        if self.bidirectional:  # half the buckets for keys after the query
+            num_buckets //= 2
+            bucket = (offset > 0).long() * num_buckets
+            distance = offset.abs()
+        else:
+            distance = (-offset).clamp(min=0)
+        exact = num_buckets // 2
+        log_bucket = exact + (torch.log(distance.float().clamp(min=1) / exact) / math.log(self.max_distance / exact)
+                              * (num_buckets - exact)).long()
+        log_bucket = log_bucket.clamp(max=num_buckets - 1)
+        return bucket + torch.where(distance < exact, distance, log_bucket)
+
+    def forward(self, query_length, key_length, start, device):
+        queries = torch.arange(start, start + query_length, device=device)[:, None]
+        keys = torch.arange(key_length, device=device)[None, :]
+        return self.bias(self.bucket(keys - queries)).permute(2, 0, 1).unsqueeze(0)  # (1, nh, Tq, Tk)
+
+
+def add_position_bias(attn_mask, is_causal, position_bias, query_length, key_length, device):
+    """Fold T5's additive position bias and the boolean mask into one float mask for SDPA."""
+    if is_causal:
+        attn_mask = masks.causal_mask(query_length, key_length, device)
+    if attn_mask is None:
+        return position_bias
+    return position_bias.masked_fill(~attn_mask, float("-inf"))
 
 
 if __name__ == "__main__":

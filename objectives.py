@@ -66,7 +66,7 @@ class Batch:
     targets: torch.Tensor                         # (B, T) or (B, T_dec) for t5; IGNORE_INDEX = no loss
     prefix_length: Optional[torch.Tensor] = None  # (B,) prefixlm: bidirectional prefix per example
     decoder_inputs: Optional[torch.Tensor] = None # (B, T_dec) t5: targets shifted right
-    input_lengths: Optional[torch.Tensor] = None  # (B,) t5: encoder inputs padded to a common length
+    lengths: Optional[torch.Tensor] = None        # (B,) t5: each encoder input's real length (rows padded)
     loss_weights: Optional[torch.Tensor] = None   # (B, T) diffusion's 1/t
 
     def model_inputs(self):
@@ -144,8 +144,8 @@ def seq2seq_batch(sources, targets, arch, specials):
               pattern as t5, flattened into one stack); loss on the target positions only."""
     B = len(sources)
     if arch == "t5":
-        src_len = torch.tensor([len(s) for s in sources])
-        inputs = torch.full((B, int(src_len.max())), specials.pad)
+        lengths = torch.tensor([len(s) for s in sources])
+        inputs = torch.full((B, int(lengths.max())), specials.pad)
         dec_len = max(len(t) for t in targets)
         decoder_inputs = torch.full((B, dec_len), specials.pad)
         labels = torch.full((B, dec_len), IGNORE_INDEX)
@@ -153,9 +153,9 @@ def seq2seq_batch(sources, targets, arch, specials):
             inputs[i, :len(s)] = s
             decoder_inputs[i, 1:len(t)] = t[:-1]
             labels[i, :len(t)] = t
-        padded = bool((src_len != src_len.max()).any())
+        padded = bool((lengths != lengths.max()).any())
         return Batch(inputs=inputs, targets=labels, decoder_inputs=decoder_inputs,
-                     input_lengths=src_len if padded else None)
+                     lengths=lengths if padded else None)
     if arch == "prefixlm":
         length = max(len(s) + len(t) - 1 for s, t in zip(sources, targets))
         inputs = torch.full((B, length), specials.pad)

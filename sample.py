@@ -12,19 +12,18 @@ do not chain into a left-to-right density (claim C4), so it fills [MASK] placeho
 which is also the sampler of a masked-diffusion model (--objective=diffusion). Every run prints the text, the
 number of forward passes and the decode speed.
 """
-import math
 import os
 import sys
 import time
 
 import torch
 
-from checkpoint import load_model
-from configurator import UserError, apply_overrides, pick_device, run_main
-from dataset import tiktoken_encoding
-from kvcache import generate, sample_next
+from infra.checkpoint import load_model
+from infra.configurator import UserError, apply_overrides, pick_device, run_main
+from infra.pretrained import tokenizer_for
+from kvcache import generate, iterative_unmask
 from objectives import Specials
-from progress import StopSignals
+from infra.progress import StopSignals
 
 DEFAULTS = dict(
     init_from="",             # "" = the checkpoint in out_dir; or gpt2, bert-base-uncased, t5-small, a folder (HF)
@@ -43,97 +42,6 @@ DEFAULTS = dict(
     block_length=0,           # bert / diffusion: > 0 = semi-autoregressive blocks left to right
     compile=False,            # gpt / prefixlm / t5: torch.compile the one-token decoding step (bench.py 4c)
 )
-
-
-# ----------------------------------------------------------------------------- tokenizer from meta.pkl
-
-class Tokenizer:
-    def __init__(self, meta):
-        self.meta = meta
-        self.names = {i: name for name, i in meta["specials"].items()}
-        if meta["tokenizer"] == "char":
-            self.stoi, self.itos = meta["stoi"], meta["itos"]
-        else:
-            self.encoding = tiktoken_encoding(meta["tokenizer"])
-
-    def encode(self, text):
-        if self.meta["tokenizer"] != "char":
-            return self.encoding.encode_ordinary(text)
-        unknown = sorted(set(c for c in text if c not in self.stoi))
-        if unknown:
-            raise UserError(f"the prompt has characters outside the vocabulary: {''.join(unknown)!r}; "
-                            f"use only characters of the training text")
-        return [self.stoi[c] for c in text]
-
-    def decode(self, ids):
-        out, ordinary = [], []
-        for i in ids:
-            if i in self.names:
-                out.append(self._decode_ordinary(ordinary) + self.names[i])
-                ordinary = []
-            else:
-                ordinary.append(i)
-        return "".join(out) + self._decode_ordinary(ordinary)
-
-    def _decode_ordinary(self, ids):
-        if not ids:
-            return ""
-        return "".join(self.itos[i] for i in ids) if self.meta["tokenizer"] == "char" else self.encoding.decode(ids)
-
-
-def tokenizer_for(meta):
-    """The dataset's tokenizer: characters or tiktoken (meta.pkl), or the published BERT / T5 tokenizer it was
-    prepared with (data/shakespeare/prepare.py --tokenizer=...; transformers needed)."""
-    if meta.get("tokenizer_family") in ("bert", "t5"):
-        from pretrained import PublishedTokenizer, read_tokenizer
-        family, hf = read_tokenizer(meta["tokenizer"])
-        return PublishedTokenizer(family, hf, as_prepared=True)
-    return Tokenizer(meta)
-
-
-# ----------------------------------------------------------------------------- iterative unmasking
-
-@torch.inference_mode()
-def iterative_unmask(model, prompt, num_new, steps, mask_id, num_samples=1, temperature=1.0, top_k=None,
-                     order="confident", block_length=0, generator=None, banned=None, stop=None):
-    """Append num_new [MASK]s after the prompt and fill them over `steps` bidirectional forward passes. Each pass
-    predicts every masked position; a share of them is revealed (the most confident, or random ones) and the rest
-    stay masked for the next pass. With block_length > 0 the masks are filled block by block, left to right
-    (semi-autoregressive), the steps split evenly between blocks. This is mask-predict for bert and the standard
-    sampler of masked diffusion; revealed tokens stay fixed. Returns (tokens, forward passes)."""
-    model.eval()
-    if steps < 1:
-        raise ValueError("steps must be at least 1")
-    P = prompt.size(1)
-    x = torch.cat([prompt, torch.full((1, num_new), mask_id, device=prompt.device)], dim=1).repeat(num_samples, 1)
-    block_length = block_length or num_new
-    blocks = [(s, min(s + block_length, P + num_new)) for s in range(P, P + num_new, block_length)]
-    steps_per_block = max(1, steps // len(blocks))
-    passes = 0
-    for start, end in blocks:
-        for step in range(steps_per_block):
-            masked = x[:, start:end] == mask_id  # (S, n)
-            remaining = int(masked.sum(dim=1).max())
-            if remaining == 0 or stop:
-                break
-            logits, _ = model(x)
-            passes += 1
-            logits = logits[:, start:end]  # (S, n, V)
-            S, n, V = logits.shape
-            candidates = sample_next(logits.reshape(S * n, V), temperature, top_k, generator, banned).view(S, n)
-            if order == "confident":
-                probs = torch.softmax(logits.float(), dim=-1)
-                score = probs.gather(-1, candidates[..., None])[..., 0]
-            else:
-                score = torch.rand(S, n, generator=generator, device=logits.device)
-            score = score.masked_fill(~masked, -1.0)  # only masked positions compete
-            # reveal an even share of what is left, everything on the block's last step
-            reveal = math.ceil(remaining / (steps_per_block - step))
-            chosen = torch.zeros_like(masked)
-            chosen.scatter_(1, score.topk(min(reveal, n), dim=1).indices, True)
-            chosen &= masked
-            x[:, start:end] = torch.where(chosen, candidates, x[:, start:end])
-    return x, passes
 
 
 # ----------------------------------------------------------------------------- the command
@@ -252,7 +160,7 @@ def main():
     config = apply_overrides(DEFAULTS, sys.argv[1:])
     device = pick_device(config["device"])
     if config["init_from"]:  # published weights (pretrained.py); transformers is needed only here
-        from pretrained import load_for_sampling
+        from infra.pretrained import load_for_sampling
         model, tokenizer, specials = load_for_sampling(config["init_from"], device)
         arch, objective = model.config.arch, "pretrained"
     else:

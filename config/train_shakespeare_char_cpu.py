@@ -1,5 +1,6 @@
 # nanoGPT's documented CPU recipe (README "I only have a macbook"): a small model, char-level Tiny Shakespeare,
-# ~4 minutes of a 2-core CPU per arch. Usage: python train.py config/train_shakespeare_char_cpu.py --arch=bert
+# minutes of a 2-core CPU per arch. Usage: python train.py config/train_shakespeare_char_cpu.py --arch=bert
+out_dir = "out-cpu-{arch}"  # its own folder per arch: never the GPU-sized defaults' out-{arch}
 dataset = "shakespeare_char"
 device = "cpu"
 compile = False

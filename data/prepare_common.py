@@ -13,7 +13,7 @@ import urllib.request
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-from configurator import UserError, apply_overrides, run_main  # noqa: E402,F401
+from infra.configurator import UserError, apply_overrides, run_main  # noqa: E402,F401
 
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 NUM_SENTINELS = 100  # as T5 (extra_ids=100)
@@ -53,7 +53,7 @@ def encode_with_progress(text, encode, chunk=1_000_000):
     """encode(text) chunk by chunk, with a progress line every ~10 s for a big text. A chunk ends just before a
     newline that follows a non-space character: GPT-2's pre-tokenizer never joins across such a cut (a run of
     newlines stays whole in the next chunk), so the ids equal those of encode(text) (tests/test_errors.py)."""
-    from progress import Progress
+    from infra.progress import Progress
     progress = Progress("encoding, characters", len(text))
     ids, start = [], 0
     while start < len(text):

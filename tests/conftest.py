@@ -23,16 +23,15 @@ def load_prepare(name):
 
 @pytest.fixture(scope="session")
 def char_dataset(tmp_path_factory):
-    """Char-level Tiny Shakespeare (its first 200k characters) or, without ../shared, made-up text."""
+    """Char-level Tiny Shakespeare (its first 200k characters) from ../shared when that folder sits beside the
+    clone (as in CI), else tests/stand_in_text.py's made-up plays of the same structure (a user's offline clone)."""
     folder = tmp_path_factory.mktemp("shakespeare_char")
     source = folder / "source.txt"
     if os.path.exists(SHARED_TEXT):
         text = open(SHARED_TEXT, encoding="utf-8").read()[:200_000]
     else:
-        words = "the king and queen of england speak to their people about war and peace".split()
-        g = torch.Generator().manual_seed(0)
-        text = "\n".join(" ".join(words[i] for i in torch.randint(0, len(words), (12,), generator=g).tolist())
-                         for _ in range(15_000))
+        from stand_in_text import stand_in_text
+        text = stand_in_text(200_000)
     source.write_text(text, encoding="utf-8")
     load_prepare("shakespeare_char").prepare(str(source), str(folder))
     return str(folder)

@@ -5,8 +5,8 @@ import itertools
 import torch
 
 import masks
-import objectives as O
-import published_claims
+import objectives
+from experiments import published_claims
 from model import ModelConfig, Transformer, explicit_attention_probabilities
 
 SYMBOLS, LENGTH = 3, 4
@@ -192,12 +192,12 @@ def test_sdpa_equals_the_explicit_softmax_reference():
 def test_supervision_density():
     """Claim C1: on a 100-token window next-token prediction supervises every position, MLM 15%, T5's span
     corruption what its formulas give; the gpt/bert ratio is the chapter's 6-7x."""
-    specials = O.Specials(65, 65, 66, 67, list(range(71, 171)), {"R": 68, "X": 69, "S": 70})
+    specials = objectives.Specials(65, 65, 66, 67, list(range(71, 171)), {"R": 68, "X": 69, "S": 70})
     w = torch.randint(0, 65, (16, 101), generator=torch.Generator().manual_seed(0))
     g = torch.Generator().manual_seed(0)
-    clm, mlm = O.clm(w).supervised_fraction(), O.mlm(w, specials, g).supervised_fraction()
-    span = O.span_corruption(w, specials, g, "t5").supervised_fraction()
-    noise, spans = O.span_counts(101)
+    clm, mlm = objectives.clm(w).supervised_fraction(), objectives.mlm(w, specials, g).supervised_fraction()
+    span = objectives.span_corruption(w, specials, g, "t5").supervised_fraction()
+    noise, spans = objectives.span_counts(101)
     expected_span = (noise + spans + 1) / ((101 - noise + spans + 1) + (noise + spans + 1))
     print(f"supervised fraction: clm {clm:.0%}, mlm {mlm:.0%}, span corruption {span:.1%}; clm/mlm {clm / mlm:.2f}x")
     assert clm == 1.0 and abs(mlm - 0.15) < 1e-9 and abs(span - expected_span) < 1e-9

@@ -6,10 +6,10 @@ import os
 import numpy as np
 import pytest
 
-import epochs as E
+from experiments import epochs
 import train
 from conftest import run_script
-from dataset import load_dataset
+from infra.dataset import load_dataset
 
 
 def occurs_in(window, data):
@@ -20,23 +20,23 @@ def occurs_in(window, data):
 
 def test_the_budget_dataset_holds_the_first_n_training_tokens_and_the_whole_validation_split(char_dataset, tmp_path):
     splits, meta = load_dataset(char_dataset, 32, prepare_if_missing=False)
-    folder = E.budget_dataset(splits, meta, 3000, str(tmp_path / "budget"))
+    folder = epochs.budget_dataset(splits, meta, 3000, str(tmp_path / "budget"))
     source_train = np.fromfile(splits["train"], dtype=np.uint16)
     budget_train = np.fromfile(os.path.join(folder, "train.bin"), dtype=np.uint16)
     assert len(budget_train) == 3000 and np.array_equal(budget_train, source_train[:3000])
     assert np.array_equal(np.fromfile(os.path.join(folder, "val.bin"), dtype=np.uint16),
                           np.fromfile(splits["val"], dtype=np.uint16))
     load_dataset(folder, 32, prepare_if_missing=False)  # a dataset train.py accepts (sizes match meta.pkl)
-    with pytest.raises(E.UserError, match="more than the"):
-        E.budget_dataset(splits, meta, len(source_train) + 1, str(tmp_path / "too-much"))
+    with pytest.raises(epochs.UserError, match="more than the"):
+        epochs.budget_dataset(splits, meta, len(source_train) + 1, str(tmp_path / "too-much"))
 
 
 def test_quick_run_trains_on_the_budget_only_and_scores_on_the_validation_split(char_dataset, tmp_path, monkeypatch):
-    s = dict(E.SCALES["quick"], epochs=(1, 4), seeds=1)
-    monkeypatch.setitem(E.SCALES, "quick", s)
+    s = dict(epochs.SCALES["quick"], epochs=(1, 4), seeds=1)
+    monkeypatch.setitem(epochs.SCALES, "quick", s)
     monkeypatch.setattr("sys.argv", ["epochs.py", "--quick", f"--dataset={char_dataset}", f"--out_dir={tmp_path}"])
     drawn, scored = [], []
-    real_get_windows, real_second_half_bits = train.get_windows, E.second_half_bits
+    real_get_windows, real_second_half_bits = train.get_windows, epochs.second_half_bits
 
     def recording_get_windows(path, *args):
         windows = real_get_windows(path, *args)
@@ -48,8 +48,8 @@ def test_quick_run_trains_on_the_budget_only_and_scores_on_the_validation_split(
         return real_second_half_bits(name, model, windows, *args)
 
     monkeypatch.setattr(train, "get_windows", recording_get_windows)
-    monkeypatch.setattr(E, "second_half_bits", recording_second_half_bits)
-    E.main()
+    monkeypatch.setattr(epochs, "second_half_bits", recording_second_half_bits)
+    epochs.main()
 
     budget = os.path.join(str(tmp_path), "checkpoints", "epochs-quick", "data")
     source_train = np.fromfile(os.path.join(char_dataset, "train.bin"), dtype=np.uint16)
@@ -60,7 +60,7 @@ def test_quick_run_trains_on_the_budget_only_and_scores_on_the_validation_split(
     for batch in training[::7]:  # every training window lies inside the first N characters
         assert all(occurs_in(row, first_n) for row in batch)
     data = json.loads((tmp_path / "epochs-quick.json").read_text())
-    assert len(data["runs"]) == len(E.SERIES) * 2 and len(scored) == 2 * len(data["runs"])
+    assert len(data["runs"]) == len(epochs.SERIES) * 2 and len(scored) == 2 * len(data["runs"])
     held_out = scored[0::2]  # each run scores the validation windows first, then the training windows
     for windows in held_out:
         assert all(occurs_in(row, val) for row in windows)
@@ -69,7 +69,7 @@ def test_quick_run_trains_on_the_budget_only_and_scores_on_the_validation_split(
     for row in data["runs"]:  # the run read the number of epochs it reports (up to one batch)
         one_batch = s["batch_size"] * s["block_size"] / s["unique_chars"]
         assert abs(row["epochs_read"] - row["epochs"]) <= one_batch
-        assert row["iterations"] == E.iterations_for(row["epochs"], s["unique_chars"], s)
+        assert row["iterations"] == epochs.iterations_for(row["epochs"], s["unique_chars"], s)
         assert 0 < row["bits_val"] < 12 and 0 < row["bits_train"] < 12
     diffusion = [r for r in data["runs"] if r["series"] == "diffusion"]
     assert all(r["elbo_bits_val"] is not None and r["bits_val"] == r["elbo_bits_val"] for r in diffusion)
@@ -78,7 +78,7 @@ def test_quick_run_trains_on_the_budget_only_and_scores_on_the_validation_split(
 
     # a second run with the same settings reuses every finished run: no training at all
     monkeypatch.setattr(train, "train", lambda config: pytest.fail("a finished run was trained again"))
-    E.main()
+    epochs.main()
 
 
 def synthetic_runs(curves, seeds=(1, 2)):
@@ -90,25 +90,25 @@ def test_summary_finds_the_best_epoch_and_a_crossover_only_when_diffusion_stays_
     s = {"epochs": (1, 2, 4, 8)}
     runs = synthetic_runs({"gpt": {1: 3.0, 2: 2.5, 4: 2.6, 8: 3.0}, "gpt, dropout 0.2": {1: 3.1, 2: 2.6, 4: 2.5, 8: 2.7},
                            "diffusion": {1: 3.5, 2: 3.0, 4: 2.4, 8: 2.3}})
-    table, best, crossover = E.summarise(runs, s)
+    table, best, crossover = epochs.summarise(runs, s)
     assert best == {"gpt": 2, "gpt, dropout 0.2": 4, "diffusion": 8} and crossover == 4
     assert table["gpt"][2]["bits_val"][0] == pytest.approx(2.515) and table["gpt"][2]["seeds"] == 2
     assert table["gpt"][2]["bits_val"][1] == pytest.approx(np.std([2.51, 2.52], ddof=1))
     # diffusion below at 2 epochs only, above again later: no crossover
     runs = synthetic_runs({"gpt": {1: 3.0, 2: 2.5, 4: 2.4, 8: 2.3}, "diffusion": {1: 3.5, 2: 2.4, 4: 2.5, 8: 2.4}})
-    assert E.summarise(runs, s)[2] is None
+    assert epochs.summarise(runs, s)[2] is None
     # below at the last epoch count only: one point is not a crossover
     runs = synthetic_runs({"gpt": {1: 3.0, 2: 2.5, 4: 2.4, 8: 2.3}, "diffusion": {1: 3.5, 2: 2.6, 4: 2.5, 8: 2.2}})
-    assert E.summarise(runs, s)[2] is None
+    assert epochs.summarise(runs, s)[2] is None
     # below by less than the seed spread: not a crossover either
     runs = synthetic_runs({"gpt": {4: 2.4, 8: 2.3}, "diffusion": {4: 2.39, 8: 2.29}}, seeds=(1, 5))
-    assert E.summarise(runs, s)[2] is None
+    assert epochs.summarise(runs, s)[2] is None
     # the largest epoch count not measured yet (an interrupted run): no verdict
     runs = synthetic_runs({"gpt": {1: 3.0, 2: 2.5, 4: 2.6, 8: 3.0}, "diffusion": {1: 3.5, 2: 2.0, 4: 2.0}})
-    assert E.summarise(runs, s)[2] is None
+    assert epochs.summarise(runs, s)[2] is None
 
 
 def test_epochs_rejects_an_unknown_scale():
-    result = run_script("epochs.py", "--scale=tpu")
+    result = run_script("experiments/epochs.py", "--scale=tpu")
     assert result.returncode == 2 and "unknown --scale=tpu" in result.stderr and "Traceback" not in result.stderr
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import train
-from configurator import UserError
+from infra.configurator import UserError
 from conftest import run_script, tiny_args
 
 
@@ -243,7 +243,7 @@ def test_sample_refuses_no_cache_for_bert(char_dataset, tmp_path, monkeypatch):
 
 
 def damaged_copy(trained_dir, tmp_path, name, change):
-    import checkpoint
+    from infra import checkpoint
     folder = tmp_path / name
     shutil.copytree(trained_dir, folder)
     state = torch.load(folder / "ckpt.pt", weights_only=False)
@@ -314,7 +314,7 @@ def test_bench_out_has_one_meaning(tmp_path):
 
 
 def test_study_refuses_a_huge_seed():
-    print(assert_clean_failure(run_script("study.py", "--quick", "--seed=18446744073709551616"), "out of range"))
+    print(assert_clean_failure(run_script("experiments/study.py", "--quick", "--seed=18446744073709551616"), "out of range"))
 
 
 def test_sample_compile_needs_a_decoding_step_to_compile():

@@ -7,27 +7,27 @@ import numpy as np
 import pytest
 import torch
 
-import finetune as FT
-import tasks as TK
+from experiments import finetune
+from experiments import tasks
 from conftest import run_script, tiny_args
 from model import ModelConfig, Transformer
 
 
 @pytest.fixture(scope="module")
 def texts(char_dataset):
-    return TK.read_texts(char_dataset)
+    return tasks.read_texts(char_dataset)
 
 
-@pytest.mark.parametrize("task", TK.TASKS)
+@pytest.mark.parametrize("task", tasks.TASKS)
 def test_training_and_evaluation_examples_come_from_disjoint_parts_of_the_text(task, texts):
-    data = TK.make_task(task, texts, 64, 0, {"train": 10 ** 6, "eval": 10 ** 6, "min_eval": 2})
+    data = tasks.make_task(task, texts, 64, 0, {"train": 10 ** 6, "eval": 10 ** 6, "min_eval": 2})
     train_starts = {e["start"] for e in data["train"]}
     eval_starts = {e["start"] for e in data["eval"]}
     assert data["train"] and data["eval"] and not train_starts & eval_starts
     if task == "speaker":  # whole chunks of the training split: every fifth for evaluation
-        chunk = lambda start: (start // TK.CHUNK) % TK.EVAL_EVERY  # noqa: E731
-        assert {chunk(s) for s in eval_starts} == {TK.EVAL_EVERY - 1}
-        assert TK.EVAL_EVERY - 1 not in {chunk(s) for s in train_starts}
+        chunk = lambda start: (start // tasks.CHUNK) % tasks.EVAL_EVERY  # noqa: E731
+        assert {chunk(s) for s in eval_starts} == {tasks.EVAL_EVERY - 1}
+        assert tasks.EVAL_EVERY - 1 not in {chunk(s) for s in train_starts}
     else:  # training from the training split, evaluation from the validation split
         assert max(train_starts) < texts["val_offset"] <= min(eval_starts)
     # the text itself: every example is found where its offset says (a header, then its lines), so the offsets
@@ -45,7 +45,7 @@ def test_training_and_evaluation_examples_come_from_disjoint_parts_of_the_text(t
 
 
 def test_tampered_labels_are_balanced_and_the_tampering_is_a_foreign_line(texts):
-    data = TK.make_task("tampered", texts, 64, 0, {"train": 10 ** 6, "eval": 10 ** 6, "min_eval": 2})
+    data = tasks.make_task("tampered", texts, 64, 0, {"train": 10 ** 6, "eval": 10 ** 6, "min_eval": 2})
     for part in ("train", "eval"):
         labels = [e["label"] for e in data[part]]
         assert labels.count(0) == labels.count(1) > 0
@@ -59,28 +59,28 @@ def test_tampered_labels_are_balanced_and_the_tampering_is_a_foreign_line(texts)
 
 def test_the_ngram_baseline_and_retrieval_scores_are_computed_as_stated():
     texts = ["the king", "the queen", "a horse"]
-    x = TK.ngram_features(texts)
+    x = tasks.ngram_features(texts)
     assert np.allclose(np.linalg.norm(x, axis=1), 1)
     assert x[0] @ x[1] > x[0] @ x[2]  # shared n-grams, higher cosine
     examples = [{"text": f"line {i}", "next": f"line {i + 1}"} for i in range(150)]  # overlapping pairs
     examples += [{"text": "Ay.", "next": "My lord."}, {"text": "No.", "next": "My lord."}]
-    sets = TK.candidate_sets(examples)
-    assert (sets[:, 0] == np.arange(len(examples))).all() and all(len(set(row)) == TK.CANDIDATES for row in sets)
+    sets = tasks.candidate_sets(examples)
+    assert (sets[:, 0] == np.arange(len(examples))).all() and all(len(set(row)) == tasks.CANDIDATES for row in sets)
     for i, row in enumerate(sets):  # never the query's own text, nor a copy of the right answer
         assert all(examples[j]["next"] not in (examples[i]["text"], examples[i]["next"]) for j in row[1:])
     rng = np.random.default_rng(0)
     keys = rng.normal(size=(len(examples), 8))
-    assert TK.retrieval_scores(keys, keys, sets) == {"recall@1": 1.0, "mrr": 1.0}
-    assert TK.retrieval_scores(rng.normal(size=(len(examples), 8)), keys, sets)["recall@1"] < 0.1
-    assert TK.classification_scores([0] * 8, [0, 0, 0, 0, 0, 1, 2, 3], 4) == {"accuracy": 0.625,
+    assert tasks.retrieval_scores(keys, keys, sets) == {"recall@1": 1.0, "mrr": 1.0}
+    assert tasks.retrieval_scores(rng.normal(size=(len(examples), 8)), keys, sets)["recall@1"] < 0.1
+    assert tasks.classification_scores([0] * 8, [0, 0, 0, 0, 0, 1, 2, 3], 4) == {"accuracy": 0.625,
                                                                              "balanced accuracy": 0.25}
     collapsed = np.ones((len(examples), 8))  # every key the same: ties count against the model
-    assert TK.retrieval_scores(collapsed, collapsed, sets) == {"recall@1": 0.0, "mrr": 1 / TK.CANDIDATES}
+    assert tasks.retrieval_scores(collapsed, collapsed, sets) == {"recall@1": 0.0, "mrr": 1 / tasks.CANDIDATES}
 
 
 def test_speaker_labels_merge_one_character_under_two_headers(texts):
-    data = TK.make_task("speaker", texts, 64, 0, {"train": 10 ** 6, "eval": 10 ** 6, "min_eval": 2})
-    assert "KING RICHARD III" not in data["classes"] and len(data["classes"]) == TK.NUM_SPEAKERS
+    data = tasks.make_task("speaker", texts, 64, 0, {"train": 10 ** 6, "eval": 10 ** 6, "min_eval": 2})
+    assert "KING RICHARD III" not in data["classes"] and len(data["classes"]) == tasks.NUM_SPEAKERS
 
 
 def tiny(arch, **kw):
@@ -96,11 +96,11 @@ def test_gpt_last_position_reads_everything_and_its_first_position_reads_only_it
     changed = ids.clone()
     changed[:, -1] = (ids[:, -1] + 1) % 30
     with torch.no_grad():
-        last, last_changed = (FT.pooled_features(model, x, lengths, "last") for x in (ids, changed))
+        last, last_changed = (finetune.pooled_features(model, x, lengths, "last") for x in (ids, changed))
         assert (last - last_changed).abs().max() > 1e-3  # the last position has read the last token
         hidden, hidden_changed = model.run_stack(ids), model.run_stack(changed)
         assert torch.equal(hidden[:, 0], hidden_changed[:, 0])  # what mean pooling averages in: blind to it
-        mean, mean_changed = (FT.pooled_features(model, x, lengths, "mean") for x in (ids, changed))
+        mean, mean_changed = (finetune.pooled_features(model, x, lengths, "mean") for x in (ids, changed))
         assert (mean - mean_changed).abs().max() > 1e-4
         bert = tiny("bert")  # the contrast: a bidirectional first position does read the last token
         assert (bert.run_stack(ids)[:, 0] - bert.run_stack(changed)[:, 0]).abs().max() > 1e-3
@@ -116,8 +116,8 @@ def test_padding_is_never_read(arch, pooling):
     batch = torch.zeros(2, 15, dtype=torch.long)
     batch[0, :7], batch[1] = short[0], longer[0]
     with torch.no_grad():
-        alone = FT.pooled_features(model, short, torch.tensor([7]), pooling)
-        padded = FT.pooled_features(model, batch, torch.tensor([7, 15]), pooling)
+        alone = finetune.pooled_features(model, short, torch.tensor([7]), pooling)
+        padded = finetune.pooled_features(model, batch, torch.tensor([7, 15]), pooling)
     assert (alone[0] - padded[0]).abs().max() < 1e-5
 
 
@@ -131,12 +131,12 @@ def gpt_checkpoint(char_dataset, tmp_path_factory):
 
 @pytest.mark.parametrize("task", ["speaker", "retrieval"])
 def test_probe_leaves_the_backbone_bit_identical_and_full_changes_it(task, gpt_checkpoint, texts):
-    config = dict(FT.DEFAULTS, steps=3, probe_steps=5)
-    data = TK.make_task(task, texts, 32, 0, {"train": 64, "eval": 120, "min_eval": 2})
+    config = dict(finetune.DEFAULTS, steps=3, probe_steps=5)
+    data = tasks.make_task(task, texts, 32, 0, {"train": 64, "eval": 120, "min_eval": 2})
     for mode in ("probe", "full"):
-        backbone = FT.Backbone(gpt_checkpoint, "cpu")
+        backbone = finetune.Backbone(gpt_checkpoint, "cpu")
         before = {k: v.clone() for k, v in backbone.model.state_dict().items()}
-        scores = FT.run_cell(backbone, task, mode, "last", data, 0, config, stop=False)
+        scores = finetune.run_cell(backbone, task, mode, "last", data, 0, config, stop=False)
         assert all(0 <= v <= 1 for v in scores.values())
         after = backbone.model.state_dict()
         identical = all(torch.equal(before[k], after[k]) for k in before)
@@ -144,15 +144,15 @@ def test_probe_leaves_the_backbone_bit_identical_and_full_changes_it(task, gpt_c
 
 
 def test_quick_study_runs_every_task_reader_and_mode(char_dataset, tmp_path):
-    result = run_script("finetune.py", "--study", "--quick", f"--dataset={char_dataset}", f"--out_dir={tmp_path}")
+    result = run_script("experiments/finetune.py", "--study", "--quick", f"--dataset={char_dataset}", f"--out_dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads((tmp_path / "finetune-quick.json").read_text())
     cells = {(c["task"], c["reader"], c["mode"]) for c in data["cells"]}
-    assert len(cells) == len(TK.TASKS) * len(FT.READERS) * len(FT.MODES)
-    assert set(data["baselines"]) == set(TK.TASKS) and len(data["frozen"]) == len(FT.READERS)
+    assert len(cells) == len(tasks.TASKS) * len(finetune.READERS) * len(finetune.MODES)
+    assert set(data["baselines"]) == set(tasks.TASKS) and len(data["frozen"]) == len(finetune.READERS)
     text = (tmp_path / "finetune-quick.md").read_text()
     assert "majority class" in text and "character n-gram" in text
-    again = run_script("finetune.py", "--study", "--quick", f"--dataset={char_dataset}", f"--out_dir={tmp_path}")
+    again = run_script("experiments/finetune.py", "--study", "--quick", f"--dataset={char_dataset}", f"--out_dir={tmp_path}")
     assert again.returncode == 0 and f"reusing {len(data['cells'])} finished cells" in again.stdout
 
 
@@ -164,18 +164,18 @@ def test_quick_study_runs_every_task_reader_and_mode(char_dataset, tmp_path):
 ])
 def test_bad_arguments_end_in_one_line(args, message, gpt_checkpoint, char_dataset):
     full = [f"--init_from={gpt_checkpoint}"] + args if not any(a.startswith("--init_from") for a in args) else args
-    result = run_script("finetune.py", *full, f"--dataset={char_dataset}")
+    result = run_script("experiments/finetune.py", *full, f"--dataset={char_dataset}")
     assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
 
 def test_a_folder_without_checkpoint_and_a_wrong_arch_pooling_end_in_one_line(tmp_path, char_dataset):
     (tmp_path / "empty").mkdir()
-    result = run_script("finetune.py", f"--init_from={tmp_path / 'empty'}", f"--dataset={char_dataset}")
+    result = run_script("experiments/finetune.py", f"--init_from={tmp_path / 'empty'}", f"--dataset={char_dataset}")
     assert result.returncode == 2 and "holds no ckpt.pt" in result.stderr and "Traceback" not in result.stderr
     out = tmp_path / "out-bert"
     assert run_script("train.py", *tiny_args(char_dataset, str(out), arch="bert", max_iters=5)).returncode == 0
-    result = run_script("finetune.py", f"--init_from={out}", "--pooling=last", f"--dataset={char_dataset}")
+    result = run_script("experiments/finetune.py", f"--init_from={out}", "--pooling=last", f"--dataset={char_dataset}")
     assert result.returncode == 2 and "--pooling=last is for a causal model" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
@@ -189,7 +189,7 @@ def test_finetune_a_published_bert_folder(tmp_path, char_dataset):
         num_hidden_layers=1, num_attention_heads=2, hidden_size=16, intermediate_size=32, vocab_size=len(words),
         max_position_embeddings=128)).save_pretrained(folder)
     transformers.BertTokenizer(vocab={w: i for i, w in enumerate(words)}).save_pretrained(folder)
-    result = run_script("finetune.py", f"--init_from={folder}", "--task=retrieval", "--probe_steps=5",
+    result = run_script("experiments/finetune.py", f"--init_from={folder}", "--task=retrieval", "--probe_steps=5",
                         f"--dataset={char_dataset}")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "bert (pretrained), mean pooling" in result.stdout and "recall@1" in result.stdout.splitlines()[-1]

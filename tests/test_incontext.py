@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 
-import incontext as I
+from experiments import incontext
 from conftest import run_script
 
 
@@ -22,16 +22,16 @@ def rule_accuracy(episodes):
 def test_the_answer_is_in_the_demonstrations_and_nowhere_else():
     rng = np.random.default_rng(0)
     for k in (1, 2, 8, 16):
-        episodes = [I.make_episode(I.random_mapping(rng), k, rng) for _ in range(500)]
+        episodes = [incontext.make_episode(incontext.random_mapping(rng), k, rng) for _ in range(500)]
         assert rule_accuracy(episodes) == 1.0  # the demonstrations determine the answer
         assert all(len(text) == 3 * k + 1 for text, _ in episodes)
     n = 8000  # without demonstrations, or with another mapping's: chance, 1/8 (binomial std 0.0037)
-    blind = [I.make_episode(I.random_mapping(rng), 0, rng) for _ in range(n)]
-    shuffled = [I.make_episode(I.random_mapping(rng), 8, rng, shuffled=True) for _ in range(n)]
+    blind = [incontext.make_episode(incontext.random_mapping(rng), 0, rng) for _ in range(n)]
+    shuffled = [incontext.make_episode(incontext.random_mapping(rng), 8, rng, shuffled=True) for _ in range(n)]
     assert abs(rule_accuracy(blind) - 0.125) < 0.02 and abs(rule_accuracy(shuffled) - 0.125) < 0.02
     permuted = []  # the control it replaces: permuting the shown values keeps information, the rule beats chance
     for _ in range(n):
-        text, answer = I.make_episode(I.random_mapping(rng), 8, rng)
+        text, answer = incontext.make_episode(incontext.random_mapping(rng), 8, rng)
         values = rng.permutation([text[i + 1] for i in range(0, 24, 3)])
         permuted.append(("".join(f"{text[i]}{v} " for i, v in zip(range(0, 24, 3), values)) + text[-1], answer))
     assert rule_accuracy(permuted) > 0.18
@@ -39,24 +39,24 @@ def test_the_answer_is_in_the_demonstrations_and_nowhere_else():
 
 def test_evaluation_never_uses_a_training_mapping(tmp_path, monkeypatch):
     used = []
-    original = I.random_mapping
-    monkeypatch.setattr(I, "random_mapping", lambda rng: used.append(original(rng)) or used[-1])
-    seen = I.make_dataset(str(tmp_path / "data"), 20_000, np.random.default_rng(0))
+    original = incontext.random_mapping
+    monkeypatch.setattr(incontext, "random_mapping", lambda rng: used.append(original(rng)) or used[-1])
+    seen = incontext.make_dataset(str(tmp_path / "data"), 20_000, np.random.default_rng(0))
     assert seen and seen <= set(used)  # every mapping of the training text is recorded
     rng = np.random.default_rng(1)
-    assert not any(I.unseen_mapping(rng, seen) in seen for _ in range(2000))
+    assert not any(incontext.unseen_mapping(rng, seen) in seen for _ in range(2000))
     text = open(tmp_path / "data" / "train.bin", "rb").read()
     assert len(text) // 2 >= 0.9 * 20_000  # the budget of training characters is there
 
 
 def test_quick_run_end_to_end(tmp_path):
-    result = run_script("incontext.py", "--quick", f"--out_dir={tmp_path}")
+    result = run_script("experiments/incontext.py", "--quick", f"--out_dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads((tmp_path / "incontext-quick.json").read_text())
     assert len(data["runs"]) == 2 and set(data["runs"][0]["models"]) == {"gpt", "bert", "prefixlm", "t5"}
     for run in data["runs"]:
         for name, model in run["models"].items():
-            assert set(model["accuracy"]) == {str(k) for k in I.K_VALUES}
+            assert set(model["accuracy"]) == {str(k) for k in incontext.K_VALUES}
             assert all(0.0 <= a <= 1.0 for a in model["accuracy"].values())
     assert len(data["runs"][0]["models"]["gpt"]["induction"]) == 1  # one layer at the quick scale
     table = (tmp_path / "incontext-quick.md").read_text()

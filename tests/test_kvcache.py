@@ -2,9 +2,8 @@
 import pytest
 import torch
 
-import kvcache as K
+import kvcache
 from model import ModelConfig, Transformer
-from sample import iterative_unmask
 
 BLOCK = 48
 TOL = 1e-5
@@ -47,8 +46,8 @@ def test_cached_logits_equal_full_recomputation_at_every_step(arch, prompt_lengt
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, 40, (2, prompt_length), generator=g)
     encoder_inputs = torch.randint(0, 40, (1, 11), generator=g) if arch == "t5" else None
-    cache = K.KVCache(model, 2, BLOCK)
-    logits = K.prefill(model, prompt, cache, encoder_inputs=encoder_inputs.expand(2, -1) if arch == "t5" else None)
+    cache = kvcache.KVCache(model, 2, BLOCK)
+    logits = kvcache.prefill(model, prompt, cache, encoder_inputs=encoder_inputs.expand(2, -1) if arch == "t5" else None)
     sequence = prompt
     worst = 0.0
     for step in range(BLOCK - prompt_length):
@@ -58,7 +57,7 @@ def test_cached_logits_equal_full_recomputation_at_every_step(arch, prompt_lengt
         sequence = torch.cat([sequence, token], dim=1)
         if sequence.size(1) > BLOCK:
             break
-        logits = K.forward_with_cache(model, token, cache)[:, -1]
+        logits = kvcache.forward_with_cache(model, token, cache)[:, -1]
     assert worst < TOL, worst
 
 
@@ -67,8 +66,8 @@ def test_greedy_generation_identical_with_and_without_cache(arch):
     model = make_model(arch, trained=True)
     prompt = torch.randint(0, 40, (1, 5), generator=torch.Generator().manual_seed(0))
     kwargs = dict(encoder_inputs=torch.randint(0, 40, (1, 9)), start_token=0) if arch == "t5" else {}
-    cached = K.generate(model, prompt, 120, temperature=0, **kwargs)  # 120 > block: the window slides twice
-    full = K.generate(model, prompt, 120, temperature=0, use_cache=False, **kwargs)
+    cached = kvcache.generate(model, prompt, 120, temperature=0, **kwargs)  # 120 > block: the window slides twice
+    full = kvcache.generate(model, prompt, 120, temperature=0, use_cache=False, **kwargs)
     assert cached.size(1) >= 120 and torch.equal(cached, full)
 
 
@@ -87,18 +86,18 @@ def test_compiled_decoding_equals_eager_decoding(arch):
     prompt = torch.randint(0, 40, (2, 7), generator=g)
     encoder_inputs = torch.randint(0, 40, (2, 11), generator=g) if arch == "t5" else None
     with torch.inference_mode():
-        caches = [K.KVCache(model, 2, BLOCK), K.KVCache(model, 2, BLOCK)]
+        caches = [kvcache.KVCache(model, 2, BLOCK), kvcache.KVCache(model, 2, BLOCK)]
         for cache in caches:
-            K.prefill(model, prompt, cache, encoder_inputs=encoder_inputs)
+            kvcache.prefill(model, prompt, cache, encoder_inputs=encoder_inputs)
         worst = 0.0
         for _ in range(BLOCK - 7):
             token = torch.randint(0, 40, (2, 1), generator=g)
-            eager = K.decode_step(model, token, caches[0])
-            worst = max(worst, (K.compiled_decode_step()(model, token, caches[1]) - eager).abs().max().item())
+            eager = kvcache.decode_step(model, token, caches[0])
+            worst = max(worst, (kvcache.compiled_decode_step()(model, token, caches[1]) - eager).abs().max().item())
     assert worst < COMPILED_TOL, worst
     kwargs = dict(encoder_inputs=encoder_inputs[:1], start_token=0) if arch == "t5" else {}
-    eager = K.generate(model, prompt[:1], 200, temperature=0, **kwargs)
-    compiled = K.generate(model, prompt[:1], 200, temperature=0, compiled=True, **kwargs)
+    eager = kvcache.generate(model, prompt[:1], 200, temperature=0, **kwargs)
+    compiled = kvcache.generate(model, prompt[:1], 200, temperature=0, compiled=True, **kwargs)
     assert compiled.size(1) >= 200 and torch.equal(compiled, eager)
     # compiled, not run eagerly, and not once per token: batch 2 and batch 1, each with one more graph for the
     # context's last position (a full cache slice); every other position reuses a graph with a symbolic length
@@ -108,9 +107,9 @@ def test_compiled_decoding_equals_eager_decoding(arch):
 def test_chunked_prefill_uses_bottom_right_alignment():
     model = make_model("gpt", trained=True)
     ids = torch.randint(0, 40, (2, 20), generator=torch.Generator().manual_seed(3))
-    cache = K.KVCache(model, 2, BLOCK)
-    K.prefill(model, ids[:, :12], cache)
-    chunk = K.forward_with_cache(model, ids[:, 12:], cache)  # 8 new queries on 12 cached keys
+    cache = kvcache.KVCache(model, 2, BLOCK)
+    kvcache.prefill(model, ids[:, :12], cache)
+    chunk = kvcache.forward_with_cache(model, ids[:, 12:], cache)  # 8 new queries on 12 cached keys
     assert (chunk - model(ids)[0][:, 12:]).abs().max() < TOL
 
 
@@ -119,15 +118,15 @@ def test_prefix_caching_shared_prefill_equals_separate_prefills():
     g = torch.Generator().manual_seed(4)
     prompt = torch.randint(0, 40, (1, 16), generator=g)
     continuations = torch.randint(0, 40, (4, 6), generator=g)
-    shared = K.KVCache(model, 1, BLOCK)
-    K.prefill(model, prompt, shared)
+    shared = kvcache.KVCache(model, 1, BLOCK)
+    kvcache.prefill(model, prompt, shared)
     forked = shared.fork(4)  # one prefill serves four requests
-    from_shared = K.forward_with_cache(model, continuations, forked)
+    from_shared = kvcache.forward_with_cache(model, continuations, forked)
     separate = []
     for row in continuations:
-        cache = K.KVCache(model, 1, BLOCK)
-        K.prefill(model, prompt, cache)
-        separate.append(K.forward_with_cache(model, row[None], cache))
+        cache = kvcache.KVCache(model, 1, BLOCK)
+        kvcache.prefill(model, prompt, cache)
+        separate.append(kvcache.forward_with_cache(model, row[None], cache))
     assert (from_shared - torch.cat(separate)).abs().max() < TOL
 
 
@@ -136,8 +135,8 @@ def test_prefix_caching_for_t5_and_prefixlm_samples():
         model = make_model(arch, trained=True)
         kwargs = dict(encoder_inputs=torch.randint(0, 40, (1, 9)), start_token=0) if arch == "t5" else {}
         prompt = torch.randint(0, 40, (1, 6))
-        a = K.generate(model, prompt, 20, num_samples=3, generator=torch.Generator().manual_seed(0), **kwargs)
-        b = K.generate(model, prompt, 20, num_samples=3, generator=torch.Generator().manual_seed(0),
+        a = kvcache.generate(model, prompt, 20, num_samples=3, generator=torch.Generator().manual_seed(0), **kwargs)
+        b = kvcache.generate(model, prompt, 20, num_samples=3, generator=torch.Generator().manual_seed(0),
                        use_cache=False, **kwargs)
         assert torch.equal(a, b)
 
@@ -145,17 +144,17 @@ def test_prefix_caching_for_t5_and_prefixlm_samples():
 def test_extending_a_cached_prompt_computes_only_the_new_tokens():
     model = make_model("gpt", trained=True)
     ids = torch.randint(0, 40, (1, 30), generator=torch.Generator().manual_seed(5))
-    cache = K.KVCache(model, 1, BLOCK)
-    _, computed = K.extend_prompt(model, ids[:, :20], cache)
+    cache = kvcache.KVCache(model, 1, BLOCK)
+    _, computed = kvcache.extend_prompt(model, ids[:, :20], cache)
     assert computed == 20
-    logits, computed = K.extend_prompt(model, ids, cache)  # the first 20 are cached
+    logits, computed = kvcache.extend_prompt(model, ids, cache)  # the first 20 are cached
     assert computed == 10 and (logits - model(ids)[0][:, -1]).abs().max() < TOL
     other = ids.clone()
     other[0, 25:] = (other[0, 25:] + 1) % 40  # diverges at 25: 25 reused, 5 recomputed
-    logits, computed = K.extend_prompt(model, other, cache)
+    logits, computed = kvcache.extend_prompt(model, other, cache)
     assert computed == 5 and (logits - model(other)[0][:, -1]).abs().max() < TOL
     with pytest.raises(ValueError, match="causal"):
-        K.extend_prompt(make_model("bert"), ids, K.KVCache(make_model("bert"), 1, BLOCK))
+        kvcache.extend_prompt(make_model("bert"), ids, kvcache.KVCache(make_model("bert"), 1, BLOCK))
 
 
 @pytest.mark.parametrize("trained", [False, True])
@@ -163,8 +162,8 @@ def test_bert_cannot_be_cached(trained):
     """The counter-demonstration (claim D4): reuse cached K/V in a bidirectional model, append one token, and the
     result is wrong; the same procedure in gpt is exact."""
     ids = torch.randint(0, 40, (2, 24), generator=torch.Generator().manual_seed(6))
-    bert = K.bidirectional_cache_error(make_model("bert", trained), ids)
-    gpt = K.bidirectional_cache_error(make_model("gpt", trained), ids)
+    bert = kvcache.bidirectional_cache_error(make_model("bert", trained), ids)
+    gpt = kvcache.bidirectional_cache_error(make_model("gpt", trained), ids)
     print(f"bert: max logit difference {bert['logit_difference']:.3e}, earlier hidden states changed by "
           f"{bert['earlier_hidden_change']:.3e}; gpt: {gpt['logit_difference']:.1e}")
     assert gpt["logit_difference"] < TOL and gpt["earlier_hidden_change"] < TOL
@@ -177,7 +176,7 @@ def test_mask_predict_fills_every_mask():
     prompt = torch.randint(0, 39, (1, 8))
     for order in ("confident", "random"):
         for block_length in (0, 5):
-            tokens, passes = iterative_unmask(model, prompt, 20, 8, mask_id=39, num_samples=3, order=order,
+            tokens, passes = kvcache.iterative_unmask(model, prompt, 20, 8, mask_id=39, num_samples=3, order=order,
                                               block_length=block_length, banned=torch.tensor([39]))
             assert (tokens != 39).all() and torch.equal(tokens[:, :8], prompt.expand(3, -1))
             assert passes <= 8
@@ -186,12 +185,12 @@ def test_mask_predict_fills_every_mask():
 def test_the_cache_is_static_and_decoding_never_reallocates_it():
     """The decode loop writes into preallocated K/V (no torch.cat growth): the storage never moves."""
     model = make_model("gpt")
-    cache = K.KVCache(model, 2, 40)
+    cache = kvcache.KVCache(model, 2, 40)
     keys, values = cache.keys.data_ptr(), cache.values.data_ptr()
-    K.prefill(model, torch.randint(0, 40, (2, 5)), cache)
+    kvcache.prefill(model, torch.randint(0, 40, (2, 5)), cache)
     for _ in range(30):
-        K.forward_with_cache(model, torch.randint(0, 40, (2, 1)), cache)
+        kvcache.forward_with_cache(model, torch.randint(0, 40, (2, 1)), cache)
     assert cache.length == 35 and cache.keys.shape[3] == 40
     assert (cache.keys.data_ptr(), cache.values.data_ptr()) == (keys, values)
     with pytest.raises(ValueError, match="KV cache full"):
-        K.forward_with_cache(model, torch.randint(0, 40, (2, 6)), cache)
+        kvcache.forward_with_cache(model, torch.randint(0, 40, (2, 6)), cache)

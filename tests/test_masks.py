@@ -35,7 +35,7 @@ def test_causal_takes_the_fast_path_only_when_exact():
     assert mask[0].tolist() == [True] * 6 + [False] * 2
     assert masks.attention_mask("causal", 1, 8) == (None, False)  # one query at the end sees all keys
     assert masks.attention_mask("bidirectional", 8) == (None, False)
-    mask, is_causal = masks.attention_mask("causal", 4, key_lengths=torch.tensor([4, 2]))
+    mask, is_causal = masks.attention_mask("causal", 4, lengths=torch.tensor([4, 2]))
     assert not is_causal and mask.shape == (2, 1, 4, 4) and not mask[1, 0, 3, 2]
     with pytest.raises(ValueError):
         masks.attention_mask("diagonal", 4)

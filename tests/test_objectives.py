@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-import objectives as O
+import objectives
 from model import IGNORE_INDEX
 
 
@@ -20,7 +20,7 @@ def windows_of(n_rows, T, specials, seed=0, with_specials=False):
 
 def test_clm_targets_are_inputs_shifted_by_one(specials):
     w = windows_of(3, 16, specials)
-    b = O.clm(w)
+    b = objectives.clm(w)
     assert torch.equal(b.targets[:, :-1], b.inputs[:, 1:]) and torch.equal(b.targets[:, -1], w[:, -1])
     assert b.supervised_fraction() == 1.0
 
@@ -28,7 +28,7 @@ def test_clm_targets_are_inputs_shifted_by_one(specials):
 def test_mlm_proportions_on_a_million_tokens(specials):
     w = windows_of(4000, 250, specials, with_specials=True)  # 10^6 positions
     g = torch.Generator().manual_seed(1)
-    b = O.mlm(w, specials, g)
+    b = objectives.mlm(w, specials, g)
     x = w[:, :-1]
     eligible = x < specials.num_ordinary
     chosen = b.targets != IGNORE_INDEX
@@ -50,7 +50,7 @@ def test_mlm_proportions_on_a_million_tokens(specials):
 
 def test_mlm_rate_and_split_are_configurable(specials):
     w = windows_of(500, 200, specials)
-    b = O.mlm(w, specials, torch.Generator().manual_seed(0), rate=0.4, mask_fraction=1.0, random_fraction=0.0)
+    b = objectives.mlm(w, specials, torch.Generator().manual_seed(0), rate=0.4, mask_fraction=1.0, random_fraction=0.0)
     chosen = b.targets != IGNORE_INDEX
     assert abs(chosen.float().mean().item() - 0.4) < 0.005
     assert (b.inputs[chosen] == specials.mask).all()
@@ -58,7 +58,7 @@ def test_mlm_rate_and_split_are_configurable(specials):
 
 def test_span_counts_follow_t5s_formulas():
     for L in range(2, 600):
-        num_noise, num_spans = O.span_counts(L)
+        num_noise, num_spans = objectives.span_counts(L)
         expected_noise = min(max(round(L * 0.15), 1), L - 1)
         assert num_noise == expected_noise
         assert num_spans == min(max(1, round(expected_noise / 3)), expected_noise, L - expected_noise)
@@ -86,8 +86,8 @@ def test_span_corruption_counts_sentinels_and_reconstruction(specials):
     for L in [2, 3, 5, 10, 20, 33, 64, 100, 255, 256]:
         for _ in range(5):
             tokens = torch.randint(0, specials.num_ordinary, (L,), generator=g)
-            source, target = O.corrupt_spans(tokens, specials, g)
-            num_noise, num_spans = O.span_counts(L)
+            source, target = objectives.corrupt_spans(tokens, specials, g)
+            num_noise, num_spans = objectives.span_counts(L)
             assert len(source) == L - num_noise + num_spans + 1 and len(target) == num_noise + num_spans + 1
             assert source[-1] == specials.eos and target[-1] == specials.eos
             sentinels_in_source = [t for t in source.tolist() if t in specials.sentinels]
@@ -101,7 +101,7 @@ def test_span_corruption_mean_span_length(specials):
     g = torch.Generator().manual_seed(0)
     lengths = []
     for _ in range(200):
-        source, target = O.corrupt_spans(torch.randint(0, 60, (200,), generator=g), specials, g)
+        source, target = objectives.corrupt_spans(torch.randint(0, 60, (200,), generator=g), specials, g)
         n_spans = sum(1 for t in target.tolist() if t in specials.sentinels)
         lengths.append((len(target) - 1 - n_spans) / n_spans)
     assert abs(sum(lengths) / len(lengths) - 3.0) < 0.1
@@ -110,7 +110,7 @@ def test_span_corruption_mean_span_length(specials):
 @pytest.mark.parametrize("arch", ["t5", "prefixlm"])
 def test_span_corruption_batches_fit_the_block(specials, arch):
     T = 64
-    b = O.span_corruption(windows_of(4, T, specials), specials, torch.Generator().manual_seed(0), arch)
+    b = objectives.span_corruption(windows_of(4, T, specials), specials, torch.Generator().manual_seed(0), arch)
     assert b.inputs.size(1) <= T and b.targets.size(1) <= T
     if arch == "t5":
         assert torch.equal(b.decoder_inputs[:, 1:], b.targets[:, :-1]) and (b.decoder_inputs[:, 0] == specials.pad).all()
@@ -121,7 +121,7 @@ def test_span_corruption_batches_fit_the_block(specials, arch):
 def test_prefix_lm_supervises_the_suffix_only(specials):
     T = 32
     w = windows_of(64, T, specials)
-    b = O.prefix_lm(w, specials, torch.Generator().manual_seed(0), "prefixlm")
+    b = objectives.prefix_lm(w, specials, torch.Generator().manual_seed(0), "prefixlm")
     assert b.inputs.shape == (64, T) and torch.equal(b.inputs, w[:, :-1])
     P = b.prefix_length
     assert P.min() >= 1 and P.max() <= T - 1
@@ -129,9 +129,9 @@ def test_prefix_lm_supervises_the_suffix_only(specials):
         supervised = (b.targets[row] != IGNORE_INDEX).nonzero().flatten()
         assert supervised.tolist() == list(range(P[row] - 1, T))
         assert torch.equal(b.targets[row, P[row] - 1:], w[row, P[row]:])
-    t5 = O.prefix_lm(w, specials, torch.Generator().manual_seed(0), "t5")
+    t5 = objectives.prefix_lm(w, specials, torch.Generator().manual_seed(0), "t5")
     for row in range(64):  # t5: prefix to the encoder, suffix from the decoder; together the window
-        source = t5.inputs[row, :t5.input_lengths[row]] if t5.input_lengths is not None else t5.inputs[row]
+        source = t5.inputs[row, :t5.lengths[row]] if t5.lengths is not None else t5.inputs[row]
         target = t5.targets[row][t5.targets[row] != IGNORE_INDEX]
         assert torch.equal(torch.cat([source, target]), w[row])
 
@@ -142,7 +142,7 @@ def recovered_text(b, row, arch, specials, continuation):
     """The text a seq2seq batch row encodes: source (minus its mode token) with the target put back."""
     target = b.targets[row][b.targets[row] != IGNORE_INDEX]
     if arch == "t5":
-        source = b.inputs[row, :b.input_lengths[row]] if b.input_lengths is not None else b.inputs[row]
+        source = b.inputs[row, :b.lengths[row]] if b.lengths is not None else b.inputs[row]
         # decoder inputs are the targets shifted right behind the start token
         assert b.decoder_inputs[row, 0] == specials.pad
         assert torch.equal(b.decoder_inputs[row, 1:len(target)], target[:-1])
@@ -174,13 +174,13 @@ def test_every_objective_on_random_lengths_rates_and_seeds(specials, seed):
                         mlm_random_fraction=rng.uniform(0, 1 - mask_fraction), noise_density=min(rate, 0.5),
                         mean_span=rng.choice([1.0, 3.0, 8.0]),
                         ul2_mixture=tuple(rng.choice([0.0, 0.2, 1.0]) for _ in range(2)) + (0.5,))
-        for arch, names in O.OBJECTIVES_FOR_ARCH.items():
+        for arch, names in objectives.OBJECTIVES_FOR_ARCH.items():
             for name in names:
                 if name == "span_corruption" and T < (5 if arch == "prefixlm" else 3):  # 2 tokens: 1 kept, 1 noise
                     with pytest.raises(ValueError, match="longer block"):  # nothing fits: a clear error
-                        O.make_batch(name, w, specials, g, arch, **settings)
+                        objectives.make_batch(name, w, specials, g, arch, **settings)
                     continue
-                b = O.make_batch(name, w, specials, g, arch, **settings)
+                b = objectives.make_batch(name, w, specials, g, arch, **settings)
                 assert b.inputs.size(0) == w.size(0)
                 assert b.inputs.size(1) <= T and b.targets.size(1) <= T
                 assert b.supervised_positions() >= (0 if name == "diffusion" else 1)  # t can mask nothing
@@ -208,4 +208,4 @@ def test_every_objective_on_random_lengths_rates_and_seeds(specials, seed):
 
 def test_wrong_objective_for_arch_is_refused(specials):
     with pytest.raises(ValueError, match="does not fit"):
-        O.make_batch("mlm", windows_of(2, 8, specials), specials, torch.Generator(), "gpt")
+        objectives.make_batch("mlm", windows_of(2, 8, specials), specials, torch.Generator(), "gpt")

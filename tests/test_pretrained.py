@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
 import kvcache  # noqa: E402
-import pretrained  # noqa: E402
+from infra import pretrained  # noqa: E402
 from conftest import run_script  # noqa: E402
 from model import Transformer  # noqa: E402
 
@@ -60,7 +60,7 @@ def saved(hf_model, tmp_path, name):
 def test_logits_equal_transformers(family, tmp_path):
     torch.manual_seed(0)
     theirs = {"gpt2": tiny_gpt2, "bert": tiny_bert, "t5": tiny_t5}[family]().eval()
-    ours = Transformer.from_pretrained(saved(theirs, tmp_path, family))
+    ours = pretrained.load_pretrained(saved(theirs, tmp_path, family))[0]
     ids = torch.randint(0, VOCAB, (3, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         if family == "t5":
@@ -148,7 +148,7 @@ def test_defaults_unchanged_by_the_pretrained_options():
 
 
 def test_t5_padded_batch_equals_transformers(tmp_path):
-    """Encoder inputs of different lengths: our key_lengths padding (folded into T5's position bias) against
+    """Encoder inputs of different lengths: our lengths padding (folded into T5's position bias) against
     transformers' attention_mask, on every real position."""
     torch.manual_seed(0)
     theirs = tiny_t5().eval()
@@ -160,7 +160,7 @@ def test_t5_padded_batch_equals_transformers(tmp_path):
     with torch.no_grad():
         attention_mask = (torch.arange(40)[None, :] < lengths[:, None]).long()
         expected = theirs(input_ids=ids, attention_mask=attention_mask, decoder_input_ids=decoder_ids).logits
-        got = ours(ids, decoder_inputs=decoder_ids, input_lengths=lengths)[0]
+        got = ours(ids, decoder_inputs=decoder_ids, lengths=lengths)[0]
     assert (expected - got).abs().max().item() <= 1e-4
 
 
@@ -277,7 +277,7 @@ def test_published_claims_command_on_local_folders(tmp_path, char_dataset):
                                                                 initializer_range=1.0))
     gpt_folder = saved(gpt2, tmp_path, "gpt2")
     (tmp_path / "text.txt").write_text(text, encoding="utf-8")
-    result = run_script("published_claims.py", f"--gpt={gpt_folder}", f"--bert={bert_folder}",
+    result = run_script("experiments/published_claims.py", f"--gpt={gpt_folder}", f"--bert={bert_folder}",
                         f"--text={tmp_path / 'text.txt'}", f"--out_dir={tmp_path}", "--cloze_blanks=20",
                         "--decode_tokens=8", "--vocabulary_words=20", "--windows=4")
     assert result.returncode == 0, result.stderr[-2000:]

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-import checkpoint
+from infra import checkpoint
 import train
 from conftest import ROOT, run_script, tiny_args
 
@@ -79,7 +79,7 @@ def test_a_process_killed_while_saving_leaves_a_loadable_checkpoint(tmp_path):
     path = str(tmp_path / "ckpt.pt")
     checkpoint.save_checkpoint(fake_state(1), path)
     # the child's torch.save writes half a file, says so, and hangs: the kill lands mid-write, every time
-    script = (f"import sys, time; sys.path.insert(0, {ROOT!r}); import torch, checkpoint\n"
+    script = (f"import sys, time; sys.path.insert(0, {ROOT!r}); import torch; from infra import checkpoint\n"
               f"def slow_save(obj, f):\n"
               f"    f.write(b'half a checkpoint'); f.flush(); print('writing', flush=True); time.sleep(60)\n"
               f"torch.save = slow_save\n"

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-import study
+from experiments import study
 
 from conftest import run_script
 
 
 def test_study_quick_runs_end_to_end(char_dataset, tmp_path):
-    result = run_script("study.py", "--quick", f"--dataset={char_dataset}", f"--out_dir={tmp_path}")
+    result = run_script("experiments/study.py", "--quick", f"--dataset={char_dataset}", f"--out_dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads((tmp_path / "study-quick.json").read_text())
     quick = study.SCALES["quick"]
@@ -66,7 +66,7 @@ def test_study_quick_runs_end_to_end(char_dataset, tmp_path):
     assert all(0.28 < v < 0.32 for v in nope["order-blind best (the most frequent digit of the input)"])
 
     # --reuse=True after a stop: every finished run is loaded, not retrained, and scores the same
-    again = run_script("study.py", "--quick", f"--dataset={char_dataset}", f"--out_dir={tmp_path}", "--reuse=True",
+    again = run_script("experiments/study.py", "--quick", f"--dataset={char_dataset}", f"--out_dir={tmp_path}", "--reuse=True",
                        "--quiet=True")
     assert again.returncode == 0, again.stderr[-3000:]
     second = json.loads((tmp_path / "study-quick.json").read_text())
@@ -117,7 +117,7 @@ def test_correction_probe_reads_what_the_states_hold():
 
 
 def test_study_rejects_an_unknown_scale():
-    result = run_script("study.py", "--scale=tpu")
+    result = run_script("experiments/study.py", "--scale=tpu")
     assert result.returncode == 2 and "unknown --scale=tpu" in result.stderr and "Traceback" not in result.stderr
 
 

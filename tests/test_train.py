@@ -46,4 +46,4 @@ def test_max_flops_budget_stops_training(char_dataset, tmp_path):
 def test_presets_and_config_files(tmp_path):
     config = train.resolve_config(["config/train_shakespeare_char_cpu.py", "--arch=bert", "--preset=cpu-tiny"])
     assert config["n_layer"] == 2 and config["max_iters"] == 2000 and config["objective"] == "mlm"
-    assert config["out_dir"] == "out-bert"
+    assert config["out_dir"] == "out-cpu-bert"  # the recipe never shares the defaults' out-bert

@@ -5,21 +5,21 @@ import math
 import pytest
 import torch
 
-import objectives as O
+import objectives
 import train
 from conftest import run_script, tiny_args
 from model import IGNORE_INDEX, ModelConfig, Transformer
 from test_objectives import reconstruct, windows_of
 
 
-@pytest.mark.parametrize("name", [n for n in O.UL2_DENOISERS if n != "S"])
+@pytest.mark.parametrize("name", [n for n in objectives.UL2_DENOISERS if n != "S"])
 def test_each_denoiser_matches_its_noise_rate_and_mean_span(specials, name):
-    mode, mean_span, density = O.UL2_DENOISERS[name]
+    mode, mean_span, density = objectives.UL2_DENOISERS[name]
     L = 4096 if mean_span == 64 else 512  # long enough for the requested spans (at most 100 sentinels)
     g = torch.Generator().manual_seed(0)
     noise_total = spans_total = 0
     for w in windows_of(20, L, specials):
-        source, target = O.ul2_example(w, name, specials, g, "t5", budget=L)
+        source, target = objectives.ul2_example(w, name, specials, g, "t5", budget=L)
         assert source[0] == specials.modes[mode]
         n_spans = sum(1 for t in target.tolist() if t in specials.sentinels)
         noise = len(target) - n_spans - 1
@@ -37,7 +37,7 @@ def test_each_denoiser_matches_its_noise_rate_and_mean_span(specials, name):
 def test_mixture_mode_tokens_and_reconstruction(specials, arch):
     T = 128
     w = windows_of(400, T, specials)
-    b = O.ul2(w, specials, torch.Generator().manual_seed(0), arch)
+    b = objectives.ul2(w, specials, torch.Generator().manual_seed(0), arch)
     first = b.inputs[:, 0].tolist()
     share = {mode: first.count(token) / len(first) for mode, token in specials.modes.items()}
     print(f"{arch}: denoiser shares {share}")
@@ -45,7 +45,7 @@ def test_mixture_mode_tokens_and_reconstruction(specials, arch):
     for row in range(40):  # inputs + targets give back the window
         target = b.targets[row][b.targets[row] != IGNORE_INDEX]
         if arch == "t5":
-            length = b.input_lengths[row] if b.input_lengths is not None else b.inputs.size(1)
+            length = b.lengths[row] if b.lengths is not None else b.inputs.size(1)
             source = b.inputs[row, :length]
         else:
             source = b.inputs[row, :b.prefix_length[row]]
@@ -57,7 +57,7 @@ def test_mixture_mode_tokens_and_reconstruction(specials, arch):
 
 
 def test_mixture_weights_are_configurable(specials):
-    b = O.ul2(windows_of(50, 64, specials), specials, torch.Generator().manual_seed(0), "t5", mixture=(0, 0, 1))
+    b = objectives.ul2(windows_of(50, 64, specials), specials, torch.Generator().manual_seed(0), "t5", mixture=(0, 0, 1))
     assert (b.inputs[:, 0] == specials.modes["X"]).all()
 
 
@@ -67,10 +67,10 @@ def test_short_windows_never_crash_or_produce_empty_spans(specials, arch):
     for T in range(2, 12):
         for _ in range(10):
             w = windows_of(6, T, specials, seed=T)
-            b = O.ul2(w, specials, g, arch)
+            b = objectives.ul2(w, specials, g, arch)
             assert b.inputs.size(1) <= T and b.targets.size(1) <= T
-            for name in O.UL2_DENOISERS:
-                source, target = O.ul2_example(w[0], name, specials, g, arch, T)
+            for name in objectives.UL2_DENOISERS:
+                source, target = objectives.ul2_example(w[0], name, specials, g, arch, T)
                 spans, current = [], None  # the target split at its sentinels
                 for t in target.tolist():
                     if t in specials.sentinels:
@@ -89,12 +89,12 @@ def test_short_windows_never_crash_or_produce_empty_spans(specials, arch):
 def test_diffusion_masking_rate_and_weights(specials):
     w = windows_of(400, 250, specials)
     for rate in (0.1, 0.5, 0.9):
-        b = O.diffusion(w, specials, torch.Generator().manual_seed(0), rate=rate)
+        b = objectives.diffusion(w, specials, torch.Generator().manual_seed(0), rate=rate)
         masked = b.inputs == specials.mask
         assert abs(masked.float().mean().item() - rate) < 0.005
         assert torch.equal(masked, b.targets != IGNORE_INDEX)  # only [MASK], no 80/10/10
         assert torch.allclose(b.loss_weights[masked], torch.tensor(1 / rate)) and (b.loss_weights[~masked] == 0).all()
-    t = O.diffusion(w, specials, torch.Generator().manual_seed(0))
+    t = objectives.diffusion(w, specials, torch.Generator().manual_seed(0))
     rates = (t.inputs == specials.mask).float().mean(dim=1)
     assert rates.min() < 0.1 and rates.max() > 0.9  # t ~ U(eps, 1) per sequence
 
@@ -120,13 +120,13 @@ def test_diffusion_elbo_is_never_below_the_exact_nll():
                                     n_embd=16, dropout=0.0))
     with torch.enable_grad():  # a little training on a Markov chain so the model is not uniform
         optimizer = torch.optim.AdamW(model.parameters(), lr=2e-2)
-        specials = O.Specials(SYMBOLS, 0, 0, MASK, [], {})
+        specials = objectives.Specials(SYMBOLS, 0, 0, MASK, [], {})
         g = torch.Generator().manual_seed(0)
         for _ in range(100):
             x = torch.randint(0, SYMBOLS, (32, LENGTH + 1), generator=g)
             for i in range(1, LENGTH + 1):
                 x[:, i] = torch.where(torch.rand(32, generator=g) < 0.8, x[:, i - 1], x[:, i])
-            b = O.diffusion(x, specials, g)
+            b = objectives.diffusion(x, specials, g)
             _, loss = model(b.inputs, b.targets, loss_weights=b.loss_weights)
             loss.backward()
             optimizer.step()
@@ -156,7 +156,7 @@ def test_diffusion_elbo_is_never_below_the_exact_nll():
     assert (elbo - exact_nll).max() > 1e-3  # a bound, not an equality
     # the training loss (random t, 1/t weights, averaged over positions) estimates ELBO / LENGTH
     one = x[40:41].expand(20000, -1)
-    b = O.diffusion(torch.cat([one, one[:, :1]], 1), O.Specials(SYMBOLS, 0, 0, MASK, [], {}),
+    b = objectives.diffusion(torch.cat([one, one[:, :1]], 1), objectives.Specials(SYMBOLS, 0, 0, MASK, [], {}),
                     torch.Generator().manual_seed(1), eps=1e-4)
     _, loss = model(b.inputs, b.targets, loss_weights=b.loss_weights)
     assert abs(loss.item() * LENGTH - elbo[40].item()) / elbo[40].item() < 0.05

@@ -6,7 +6,7 @@ Tiny Shakespeare in a published model's tokens, for training from scratch or fin
 GPT-2's ids are followed by the project's special tokens (from 50257 on). BERT's WordPiece and T5's SentencePiece
 (the transformers tokenizer of that name or save_pretrained folder) keep *their* special ids, written to meta.pkl
 under the project's names (pretrained.dataset_meta), so the model's pre-training masks and sentinels mean what
-they meant. Offline, tiktoken needs its files cached: TIKTOKEN_CACHE_DIR=../shared/data/tiktoken (see README).
+they meant. Offline, tiktoken needs its files cached: TIKTOKEN_CACHE_DIR=<a folder holding them>.
 """
 import os
 import sys
@@ -18,12 +18,12 @@ import prepare_common  # noqa: E402
 
 def prepare(input_path="", dataset_dir=HERE, tokenizer="gpt2"):
     if tokenizer == "gpt2":
-        from dataset import tiktoken_encoding
+        from infra.dataset import tiktoken_encoding
+        text = prepare_common.read_text(input_path, dataset_dir)  # first: a wrong --input is named as such
         encoding = tiktoken_encoding("gpt2")
-        text = prepare_common.read_text(input_path, dataset_dir)
         encode, meta = encoding.encode_ordinary, {"tokenizer": "gpt2", "num_ordinary": encoding.n_vocab}
     else:
-        from pretrained import dataset_meta, read_tokenizer  # transformers, only here
+        from infra.pretrained import dataset_meta, read_tokenizer  # transformers, only here
         family, hf = read_tokenizer(tokenizer)  # before reading the text: a bad name costs nothing
         meta = dataset_meta(tokenizer, family, hf)
         text = prepare_common.read_text(input_path, HERE)  # the download is cached once, in data/shakespeare

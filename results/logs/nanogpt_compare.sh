@@ -5,7 +5,7 @@ set -euo pipefail
 #   git clone https://github.com/karpathy/nanoGPT /tmp/nanogpt
 #   (cd /tmp/nanogpt && python data/shakespeare_char/prepare.py)
 # and this repository's data: python data/shakespeare_char/prepare.py
-# Run from the repository root: bash cpu_runs/nanogpt_compare.sh [/tmp/nanogpt] > cpu_runs/nanogpt_compare.txt
+# Run from the repository root: bash results/logs/nanogpt_compare.sh [/tmp/nanogpt] > results/logs/nanogpt_compare.txt
 # Prints the median ms/iteration of iterations 8 and later of every run (the first ones include compilation).
 NANOGPT="${1:-/tmp/nanogpt}"
 LOGS=$(mktemp -d)

@@ -18,8 +18,9 @@ from dataclasses import fields
 
 import torch
 
-from configurator import MODEL_KEYS, UserError
-from dataset import META_KEYS
+from infra.configurator import UserError
+from infra.train_config import MODEL_KEYS
+from infra.dataset import META_KEYS
 from model import ModelConfig, Transformer
 
 CHECKPOINT_KEYS = ("model", "optimizer", "config", "model_config", "meta", "iter_num", "best_val_loss", "flops_done",
@@ -131,6 +132,23 @@ def restore_rng(state, data_rng, objective_rng):
     torch.set_rng_state(state["torch"])
     if state["cuda"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def restore_training_state(checkpoint, path, optimizer, processes, data_rng, objective_rng):
+    """Exact resume: the optimizer's moments, the counters, and this process's RNG states (the weights were loaded
+    with the model). Returns (iter_num, best_val_loss, flops_done)."""
+    try:
+        optimizer.load_state_dict(checkpoint["optimizer"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{path}: its optimizer state does not fit the model ({e}); retrain") from None
+    if len(checkpoint["rng"]) != processes.world_size:
+        raise UserError(f"the checkpoint was written by {len(checkpoint['rng'])} process(es), this run has "
+                        f"{processes.world_size}: resume with the same --nproc_per_node")
+    try:
+        restore_rng(checkpoint["rng"][processes.rank], data_rng, objective_rng)
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise UserError(f"{path}: its random-number states are unreadable ({type(e).__name__}); retrain") from None
+    return checkpoint["iter_num"], checkpoint["best_val_loss"], checkpoint["flops_done"]
 
 
 def check_resume(config, checkpoint, meta):

@@ -1,6 +1,6 @@
 """
 Published checkpoints in the project's own modules: GPT-2, BERT and T5 from the Hugging Face hub or from a folder
-written by `save_pretrained` (issue 17). `transformers` is used here only, and only to read the weights and the
+written by `save_pretrained`. `transformers` is used here only, and only to read the weights and the
 config; the model that runs is model.Transformer, so every claim test and measurement runs unchanged on them.
 
     model, tokenizer = load_pretrained("gpt2")          # or "gpt2-medium", "bert-base-uncased", "t5-small", a folder
@@ -16,8 +16,8 @@ import socket
 
 import torch
 
-from configurator import UserError
-from dataset import tiktoken_encoding
+from infra.configurator import UserError
+from infra.dataset import Tokenizer, tiktoken_encoding
 from model import Attention, ModelConfig, Transformer
 from objectives import Specials
 
@@ -435,3 +435,12 @@ def load_for_training(config, meta):
     config.update(n_layer=c.n_layer, n_decoder_layer=c.n_decoder_layer, n_head=c.n_head, n_embd=c.n_embd,
                   bias=c.bias, position=c.position, published_weights=name)
     return model.train()
+
+
+def tokenizer_for(meta):
+    """The dataset's tokenizer: characters or tiktoken (meta.pkl), or the published BERT / T5 tokenizer it was
+    prepared with (data/shakespeare/prepare.py --tokenizer=...; transformers needed)."""
+    if meta.get("tokenizer_family") in ("bert", "t5"):
+        family, hf = read_tokenizer(meta["tokenizer"])
+        return PublishedTokenizer(family, hf, as_prepared=True)
+    return Tokenizer(meta)

@@ -1,13 +1,15 @@
 """
-The chapter's measurable claims on the published models it is about (issue 17): GPT-2 and BERT as released,
-loaded into the project's own modules by pretrained.py, measured with the same functions as our small models.
+Question: do the chapter's measurable claims hold on the published models it is about? GPT-2 and BERT as
+released, loaded into the project's own modules by infra/pretrained.py, measured with the same functions as our
+small models.
 
-    python published_claims.py                                   # gpt2 + bert-base-uncased from the hub (~10 min CPU)
-    python published_claims.py --gpt=gpt2-medium --device=cuda
-    python published_claims.py --gpt=FOLDER --bert=FOLDER        # folders written by save_pretrained (the tests)
+    python experiments/published_claims.py                # gpt2 + bert-base-uncased from the hub: ~10 min on a CPU
+                                                          # -> results/study/published-claims.{md,json}
+    python experiments/published_claims.py --gpt=gpt2-medium --device=cuda
+    python experiments/published_claims.py --gpt=FOLDER --bert=FOLDER   # save_pretrained folders (the tests)
 
-It needs `transformers` and, for hub names, a network the first time (then the hub's cache). This repository's
-machines have no network: it has not been run on the real models here (README, Published models).
+It needs `transformers` and, for hub names, a network the first time (then the hub's cache). It has not been run
+on the real models here: the machines that measured this project have no network (docs/published-models.md).
 
     C4     are the conditionals a joint distribution? Over a small vocabulary W (the most frequent words of the
            text, every conditional renormalised to W), GPT-2's chain rule p(x) p(y | x) sums to 1 over W x W by
@@ -32,18 +34,20 @@ import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/published_claims.py
+
 import kvcache
-from configurator import UserError, apply_overrides, pick_device, run_main
-from pretrained import load_for_sampling
-from progress import Progress, StopSignals, format_duration
-from study import attention_ranks
-from timing import copy_bandwidth, median_time
+from infra.configurator import UserError, apply_overrides, pick_device, run_main
+from infra.pretrained import load_for_sampling
+from infra.progress import Progress, StopSignals, format_duration
+from experiments.study import attention_ranks
+from infra.timing import copy_bandwidth, median_time
+from infra.dataset import DATA_DIR
 
 DEFAULTS = dict(gpt="gpt2", bert="bert-base-uncased", text="", device="auto", windows=8, window_tokens=64,
-                vocabulary_words=40, cloze_blanks=200, decode_tokens=32, out_dir="study_results", seed=1337)
+                vocabulary_words=40, cloze_blanks=200, decode_tokens=32, out_dir="results/study", seed=1337)
 LN2 = math.log(2)
-FALLBACK_TEXTS = [os.path.join("data", "shakespeare_char", "input.txt"), os.path.join("data", "shakespeare", "input.txt"),
-                  os.path.join("..", "shared", "data", "tinyshakespeare", "input.txt")]
+FALLBACK_TEXTS = [os.path.join(DATA_DIR, "shakespeare_char", "input.txt"), os.path.join(DATA_DIR, "shakespeare", "input.txt")]
 
 
 def read_text(path):
@@ -51,7 +55,8 @@ def read_text(path):
         if os.path.isfile(candidate):
             with open(candidate, encoding="utf-8") as f:
                 return f.read()[:200_000]
-    raise UserError("no text: pass --text=<a UTF-8 file>" if not path else f"--text={path} is not a file")
+    raise UserError("no text: pass --text=<a UTF-8 file>, or prepare one (python data/shakespeare_char/prepare.py)"
+                    if not path else f"--text={path} is not a file")
 
 
 # ----------------------------------------------------------------------------- C4

@@ -1,10 +1,11 @@
 """
-The chapter's empirical claims at equal compute, on char-level Tiny Shakespeare.
+Question: at equal training compute, how do the five objectives compare on metrics that mean the same thing for
+every architecture, and which of the chapter's empirical claims (B1, C1, C2, C4, D1, D3, D5) hold at this scale?
 
-    python study.py                  # CPU scale: nanoGPT's CPU recipe size, 3 seeds, ~55 minutes on 2 cores
-    python study.py --scale=gpu      # 6 layers x 384 dims, block 256, on one GPU
-    python study.py --quick          # a smoke run in seconds (the test suite runs it)
-    python study.py --reuse=True     # after a Ctrl-C: runs finished with the same settings are loaded, not retrained
+    python experiments/study.py                 # CPU scale: ~54 minutes on 2 cores -> results/study/study-cpu.*
+    python experiments/study.py --scale=gpu     # 6 layers x 384 dims, block 256, on one GPU
+    python experiments/study.py --quick         # a smoke run in seconds (the test suite runs it) -> out-quick/
+    python experiments/study.py --reuse=True    # after a Ctrl-C: finished runs of the same settings are reloaded
 
 1. Trains gpt, bert, prefixlm, t5 and a masked-diffusion bert to the *same training FLOPs* (forward + backward,
    t5's encoder and decoder both counted) at about the same parameter count (t5 splits its layers between its
@@ -31,8 +32,8 @@ The chapter's empirical claims at equal compute, on char-level Tiny Shakespeare.
    the budget at one rate, 5e-4: the masking is the only difference), checked, then compared on inputs without any
    [MASK]: new linear probes on the frozen final states (the original character at randomly replaced positions;
    the next character of a clean input); the models' own heads are shown too, an illustration.
-Writes study_results/study-<scale>.md (the table README shows), .json and .png (with matplotlib); the tables and the
-plot are drawn by study_report.py.
+Writes results/study/study-<scale>.md, .json and .png (with matplotlib); the tables and the plot are drawn by
+experiments/study_report.py.
 """
 import json
 import math
@@ -45,16 +46,19 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/study.py
+
 import objectives
 import train
-from configurator import UserError, apply_overrides, check_seed, model_config, pick_device, run_main
-from checkpoint import load_model
-from progress import Progress, StopSignals, format_duration, write_atomically
-from study_report import PROBE_TASKS, plot, report
-from dataset import get_windows, load_dataset
+from infra.configurator import UserError, apply_overrides, check_seed, output_folder, pick_device, run_main
+from infra.train_config import model_config
+from infra.checkpoint import load_model
+from infra.progress import Progress, StopSignals, format_duration, write_atomically
+from experiments.study_report import PROBE_TASKS, plot, report
+from infra.dataset import get_windows, load_dataset
 from model import IGNORE_INDEX, ModelConfig, Transformer
 
-DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="study_results",
+DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/study",
                 seed=1337, quiet=False,  # quiet=True: no training log lines (only the study's own)
                 reuse=False)  # True: load runs finished earlier with the same settings instead of retraining them
 
@@ -467,6 +471,7 @@ def attention_rank_baselines(trained, windows, seed):
 def resolve_experiment(defaults, scales):
     """The common start of study.py and incontext.py: overrides, the scale (--quick wins), seed and device."""
     config = apply_overrides(defaults, sys.argv[1:])
+    config["out_dir"] = output_folder(config, defaults)
     scale = "quick" if config["quick"] else config["scale"]
     if scale not in scales:
         raise UserError(f"unknown --scale={scale}: {', '.join(k for k in scales if k != 'quick')} (or --quick)")
@@ -669,6 +674,7 @@ def main():
     write_atomically(os.path.join(config["out_dir"], f"study-{scale}.json"), json.dumps(data, indent=1))
     if "metrics" not in not_done:
         plot(data, os.path.join(config["out_dir"], f"study-{scale}.png"))
+    print(f"wrote {os.path.join(config['out_dir'], f'study-{scale}')}.md, .json and .png", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """
-Command-line overrides, nanoGPT style, clean errors for every script, and the checks of a training config.
+Command-line overrides, nanoGPT style, device choice, and clean errors for every script.
 
     python train.py config/train_shakespeare_char_cpu.py --arch=bert --batch_size=32
 
@@ -16,9 +16,6 @@ import sys
 import types
 
 import torch
-
-import objectives
-from model import ARCHS, PRESETS, ModelConfig
 
 
 class UserError(Exception):
@@ -134,68 +131,19 @@ def pick_device(name):
     return name
 
 
-# ----------------------------------------------------------------------------- train.py's config
-
-MODEL_KEYS = ("arch", "n_layer", "n_decoder_layer", "n_head", "n_embd", "block_size", "bias", "position")
-
-
-def model_config(config, vocab_size):
-    """The ModelConfig a training config describes."""
-    return ModelConfig(vocab_size=vocab_size, dropout=config["dropout"],
-                       d_ff=PRESETS.get(config["preset"], {}).get("d_ff", 0),
-                       **{k: config[k] for k in MODEL_KEYS})
-
-
-def check_training_config(config):
-    """Fill in what defaults to the arch (objective, out_dir, a preset's shape) and refuse what cannot run."""
-    if config["arch"] not in ARCHS:
-        raise UserError(f"unknown --arch={config['arch']}: choose one of {', '.join(ARCHS)}")
-    allowed = objectives.OBJECTIVES_FOR_ARCH[config["arch"]]
-    config["objective"] = config["objective"] or allowed[0]
-    if config["objective"] not in allowed:
-        raise UserError(f"--objective={config['objective']} does not fit --arch={config['arch']}: "
-                        f"choose one of {', '.join(allowed)}")
-    if config["preset"]:
-        if config["preset"] not in PRESETS:
-            raise UserError(f"unknown --preset={config['preset']}: choose one of {', '.join(PRESETS)}")
-        for key, value in PRESETS[config["preset"]].items():
-            if key in MODEL_KEYS and key != "arch":
-                config[key] = value
-    close = difflib.get_close_matches(config["init_from"], ["scratch", "resume"], n=1, cutoff=0.6)
-    if not config["init_from"] or (close and close[0] != config["init_from"]):
-        raise UserError(f"--init_from={config['init_from']}: did you mean {close[0] if close else 'scratch'}? "
-                        f"(scratch, resume, or published weights: gpt2, a save_pretrained folder)")
-    config["out_dir"] = config["out_dir"] or f"out-{config['arch']}"
-    for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
-        if config[key] < 1:
-            raise UserError(f"--{key} must be at least 1, got {config[key]}")
-    for key in ("max_iters", "warmup_iters", "lr_decay_iters"):
-        if config[key] < 0:
-            raise UserError(f"--{key} must be at least 0, got {config[key]}")
-    if min(config["mlm_mask_fraction"], config["mlm_random_fraction"]) < 0 or \
-            config["mlm_mask_fraction"] + config["mlm_random_fraction"] > 1:
-        raise UserError("need mlm_mask_fraction, mlm_random_fraction >= 0 with a sum of at most 1 (BERT: 0.8, 0.1)")
-    if config["block_size"] < 8:
-        raise UserError(f"--block_size={config['block_size']} is too small: use at least 8")
-    mixture = config["ul2_mixture"]
-    if len(mixture) != 3 or not all(isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w)
-                                    for w in mixture) or min(mixture) < 0 or sum(mixture) <= 0:
-        raise UserError("--ul2_mixture must be three non-negative weights (S, R, X), e.g. (0.5,0.25,0.25)")
-    if config["learning_rate"] <= 0 or config["min_lr"] < 0:
-        raise UserError("--learning_rate must be > 0 and --min_lr >= 0")
-    if config["weight_decay"] < 0 or not 0 <= config["beta1"] < 1 or not 0 <= config["beta2"] < 1:
-        raise UserError("need --weight_decay >= 0 and 0 <= --beta1, --beta2 < 1")
-    if config["grad_clip"] < 0 or config["max_flops"] < 0:
-        raise UserError("--grad_clip and --max_flops must not be negative")
-    check_seed(config["seed"])
-    if config["dtype"] not in ("auto", "float32", "bfloat16", "float16"):
-        raise UserError(f"unknown --dtype={config['dtype']}: auto, float32, bfloat16 or float16")
-    try:
-        model_config(config, vocab_size=1).validate()
-    except ValueError as e:
-        raise UserError(str(e)) from None
-
-
 def check_seed(seed):
     if not 0 <= seed < 2 ** 32:  # torch and numpy take larger seeds, but the project adds offsets to them
         raise UserError(f"--seed={seed} is out of range: use 0 <= seed < 2**32")
+
+
+# ----------------------------------------------------------------------------- where results go
+
+QUICK_OUTPUT = "out-quick"  # ignored by git (out*/): a smoke run's figures mean nothing and never land in results/
+
+
+def output_folder(config, defaults):
+    """Where a command writes its results: --out_dir as given; a --quick smoke run left at the default writes to
+    out-quick/<the default's last folder> instead."""
+    if config.get("quick") and config["out_dir"] == defaults["out_dir"]:
+        return os.path.join(QUICK_OUTPUT, os.path.basename(defaults["out_dir"].rstrip("/")))
+    return config["out_dir"]

@@ -21,8 +21,8 @@ retrieval chance and the cosine similarity of character n-gram counts.
 """
 import numpy as np
 
-from configurator import UserError
-from dataset import load_dataset
+from infra.configurator import UserError
+from infra.dataset import load_dataset
 
 TASKS = ("speaker", "tampered", "retrieval")
 NUM_SPEAKERS, CANDIDATES, CHUNK, EVAL_EVERY = 8, 100, 20_000, 5

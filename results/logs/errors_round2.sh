@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The round-2 cases of issue 11: each command and the one line it prints (appended to cpu_runs/errors.txt).
+# The round-2 hostile cases: each command and the one line it prints (appended to results/logs/errors.txt).
 # Run from the repository root after `python data/shakespeare_char/prepare.py` (or --input=... offline).
 T="--n_layer=1 --n_head=1 --n_embd=16 --block_size=16 --max_iters=2 --eval_iters=1 --eval_interval=2 --quiet=True"
 rm -rf /tmp/r2 && mkdir -p /tmp/r2/dir.json
@@ -13,7 +13,7 @@ run python train.py $T --dtype=float16 --device=cpu --out_dir=/tmp/r2/e
 run python train.py --n_layer=1 --n_head=1 --n_embd=262144 --block_size=16 --out_dir=/tmp/r2/e
 run python train.py $T --arch=bert --objective=diffusion --init_from=resume --out_dir=/tmp/r2/ok
 run python train.py /tmp/r2 $T
-run python study.py --quick --seed=18446744073709551616
+run python experiments/study.py --quick --seed=18446744073709551616
 run python sample.py --out_dir=/tmp/r2/ok --temperature=1e999
 run python sample.py --out_dir=/tmp/r2/ok --max_new_tokens=10000000000
 run python sample.py --out_dir=/tmp/r2/ok --num_samples=100000000

@@ -1,12 +1,13 @@
 """
-When data runs out (claim X2): repeat a small unique-data budget for 1..512 epochs and watch which objective
-keeps improving on held-out text.
+Question: when data runs out (claim X2), repeating a small unique-data budget for 1..512 epochs, which
+objective keeps improving on held-out text?
 
-    python epochs.py                 # CPU: the study's CPU model on the first 10,000 characters, ~40 minutes
-    python epochs.py --scale=gpu     # one GPU: the study's GPU model on the first 100,000 characters (not run here)
-    python epochs.py --quick         # a smoke run in seconds (the test suite runs it)
+    python experiments/epochs.py             # CPU: the study's CPU model, first 10,000 characters, ~40 minutes
+                                             # -> results/study/epochs-cpu.{md,json,png}
+    python experiments/epochs.py --scale=gpu # one GPU: the study's GPU model on the first 100,000 characters
+    python experiments/epochs.py --quick     # a smoke run in seconds (the test suite runs it) -> out-quick/
 
-Prabhudesai et al. (2025, ../shared/CHAPTER.md X2) report that next-token prediction wins at a few epochs but
+Prabhudesai et al. (2025; docs/claims.md, X2) report that next-token prediction wins at a few epochs but
 overfits, while masked diffusion keeps improving for ~100 epochs and ends lower. Here:
 
 - The unique data is the first `unique_chars` characters of the training split and nothing else: a dataset
@@ -28,27 +29,30 @@ overfits, while masked diffusion keeps improving for ~100 epochs and ends lower.
   The comparison uses, at each epoch count, the better of the two, so diffusion is compared against the
   stronger next-token baseline.
 
-Finished runs are written after each run to study_results/epochs-<scale>.json; a rerun with the same settings
+Finished runs are written after each run to results/study/epochs-<scale>.json; a rerun with the same settings
 reuses them (--fresh=True starts over), so Ctrl-C loses at most the run in progress.
 """
 import json
 import os
 import pickle
 import shutil
+import sys
 import time
 
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/epochs.py
+
 import objectives
 import train
-from configurator import UserError, run_main
-from dataset import get_windows, load_dataset
-from progress import StopSignals, format_duration, write_atomically
-from study import character_frequency_bits, resolve_experiment, second_half_bits
-from study_report import mean_std
+from infra.configurator import UserError, run_main
+from infra.dataset import get_windows, load_dataset
+from infra.progress import StopSignals, format_duration, write_atomically
+from experiments.study import character_frequency_bits, resolve_experiment, second_half_bits
+from experiments.study_report import mean_std
 
-DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="study_results",
+DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/study",
                 seed=1337, fresh=False, quiet=True)  # quiet=False: the training log lines of every run too
 
 SCALES = {  # the study's model sizes; unique_chars: the data budget; max_epochs: a series' last epoch count (default
@@ -313,6 +317,7 @@ def main():
     write_atomically(os.path.join(config["out_dir"], f"epochs-{scale}.md"), text + "\n")
     if table:
         plot(table, best, data, os.path.join(config["out_dir"], f"epochs-{scale}.png"))
+    print(f"wrote {os.path.join(config['out_dir'], f'epochs-{scale}')}.md, .json and .png", flush=True)
 
 
 if __name__ == "__main__":

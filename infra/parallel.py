@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from configurator import UserError, pick_device
+from infra.configurator import UserError, pick_device
 
 
 class Processes:
@@ -26,6 +26,19 @@ class Processes:
                 self.device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
                 torch.cuda.set_device(self.device)  # NCCL's object collectives use the current device
         self.master = self.rank == 0  # the process that evaluates, logs and writes
+
+    def micro_steps(self, gradient_accumulation_steps):
+        """Each process's share of the accumulation steps (the batch of one optimisation step is split)."""
+        if gradient_accumulation_steps % self.world_size:
+            multiple = self.world_size * -(-gradient_accumulation_steps // self.world_size)
+            raise UserError(f"gradient_accumulation_steps={gradient_accumulation_steps} is not divisible by the "
+                            f"{self.world_size} processes: pass --gradient_accumulation_steps={multiple}")
+        return gradient_accumulation_steps // self.world_size
+
+    def identical(self, model):
+        """Do all processes hold the same weights? (The proof that gradients were averaged.)"""
+        checksums = self.gather(torch.stack([p.detach().double().sum() for p in model.parameters()]).cpu())
+        return all(torch.equal(checksums[0], c) for c in checksums)
 
     def wrap(self, model):
         if not self.ddp:

@@ -11,9 +11,9 @@ import sys
 import numpy as np
 import torch
 
-from configurator import UserError
+from infra.configurator import UserError
 
-DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")  # the repository's data/
 META_KEYS = ("tokenizer", "vocab_size", "num_ordinary", "specials", "num_sentinels")  # what prepare_common writes
 
 
@@ -82,3 +82,38 @@ def tiktoken_encoding(name="gpt2"):
     except Exception as e:
         raise UserError(f"tiktoken could not load the {name} encoding ({type(e).__name__}); offline, set "
                         f"TIKTOKEN_CACHE_DIR to a folder holding its files") from None
+
+
+class Tokenizer:
+    """The dataset's own tokenizer, from its meta.pkl: characters (stoi / itos) or a tiktoken BPE by name."""
+    def __init__(self, meta):
+        self.meta = meta
+        self.names = {i: name for name, i in meta["specials"].items()}
+        if meta["tokenizer"] == "char":
+            self.stoi, self.itos = meta["stoi"], meta["itos"]
+        else:
+            self.encoding = tiktoken_encoding(meta["tokenizer"])
+
+    def encode(self, text):
+        if self.meta["tokenizer"] != "char":
+            return self.encoding.encode_ordinary(text)
+        unknown = sorted(set(c for c in text if c not in self.stoi))
+        if unknown:
+            raise UserError(f"the prompt has characters outside the vocabulary: {''.join(unknown)!r}; "
+                            f"use only characters of the training text")
+        return [self.stoi[c] for c in text]
+
+    def decode(self, ids):
+        out, ordinary = [], []
+        for i in ids:
+            if i in self.names:
+                out.append(self._decode_ordinary(ordinary) + self.names[i])
+                ordinary = []
+            else:
+                ordinary.append(i)
+        return "".join(out) + self._decode_ordinary(ordinary)
+
+    def _decode_ordinary(self, ids):
+        if not ids:
+            return ""
+        return "".join(self.itos[i] for i in ids) if self.meta["tokenizer"] == "char" else self.encoding.decode(ids)

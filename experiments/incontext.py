@@ -1,11 +1,12 @@
 """
-In-context learning in miniature (claims C5 and X3): can a model learn a mapping it has never seen from k
-demonstrations in its input, and does that need a left-to-right decoder?
+Question: in-context learning in miniature (claims C5 and X3): can a model learn a mapping it has never seen
+from k demonstrations in its input, and does that need a left-to-right decoder?
 
-    python incontext.py                 # CPU: gpt, bert, prefixlm, t5 x 3 seeds at equal FLOPs (19 min, 2 cores)
-    python incontext.py --scale=cpu-long  # the same models 7.5x longer, one seed (~52 min)
-    python incontext.py --scale=gpu     # one GPU, larger models and budget (not run in this repository yet)
-    python incontext.py --quick         # a smoke run in seconds (the test suite runs it)
+    python experiments/incontext.py                  # gpt, bert, prefixlm, t5 x 3 seeds at equal FLOPs: ~19 min
+                                                     # on 2 cores -> results/study/incontext-cpu.{md,json,png}
+    python experiments/incontext.py --scale=cpu-long # the same models 7.5x longer -> incontext-cpu-long.*
+    python experiments/incontext.py --scale=gpu      # one GPU, larger models and budget
+    python experiments/incontext.py --quick          # a smoke run in seconds (the test suite runs it) -> out-quick/
 
 The task. Every episode draws a fresh bijection f from 8 keys (a..h) to 8 values (A..H), shows k demonstrations
 "xF " and then a query key whose value is the answer:   "bD eA hG cB e" -> "A". The query is one of the
@@ -26,29 +27,31 @@ induction head makes), beside what uniform attention would give.
 import json
 import math
 import os
+import sys
 import time
 
 import numpy as np
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/incontext.py
+
 import objectives
-from configurator import run_main
+from infra.configurator import run_main
 from data.prepare_common import write_dataset
-from dataset import load_dataset
-from progress import StopSignals, format_duration
-from study import resolve_experiment, train_all
+from infra.dataset import load_dataset
+from infra.progress import StopSignals, format_duration, write_atomically
+from experiments.study import resolve_experiment, train_all
 
 KEYS, VALUES = "abcdefgh", "ABCDEFGH"
 MAX_DEMONSTRATIONS = 16
 K_VALUES = (0, 1, 2, 4, 8, 16)
-DEFAULTS = dict(scale="cpu", quick=False, device="auto", out_dir="study_results", seed=1337, quiet=False)
+DEFAULTS = dict(scale="cpu", quick=False, device="auto", out_dir="results/study", seed=1337, quiet=False)
 SCALES = {  # model size and the FLOPs budget (as gpt iterations), the training text, the evaluation
-    # cpu: 12 models (4 archs x 3 seeds) in 19 minutes on 2 cores (AMD EPYC); 2,000 steps each
+    # cpu: 12 models (4 archs x 3 seeds), 2,000 gpt steps each; cpu-long: 7.5x longer, one seed
     "cpu": dict(n_layer=2, n_head=4, n_embd=64, block_size=64, batch_size=32, gpt_iters=2000, eval_iters=10,
                 train_chars=600_000, eval_episodes=200, seeds=3),
     "gpu": dict(n_layer=6, n_head=6, n_embd=384, block_size=64, batch_size=64, gpt_iters=20000, eval_iters=50,
                 train_chars=5_000_000, eval_episodes=1000, seeds=3),
-    # the cpu models trained 7.5x longer, one seed: ~13 min per model, ~52 min for the four (README)
     "cpu-long": dict(n_layer=2, n_head=4, n_embd=64, block_size=64, batch_size=32, gpt_iters=15000, eval_iters=10,
                      train_chars=600_000, eval_episodes=200, seeds=1),
     "quick": dict(n_layer=1, n_head=2, n_embd=32, block_size=64, batch_size=4, gpt_iters=10, eval_iters=2,
@@ -267,11 +270,9 @@ def main():
         text += f"\n\n**Interrupted: {len(runs)} of {s['seeds']} seeds finished.**"
     print("\n" + text)
     base = os.path.join(config["out_dir"], f"incontext-{scale}")
-    with open(base + ".md", "w") as f:
-        f.write(text + "\n")
-    with open(base + ".json", "w") as f:
-        json.dump({"scale": scale, "sizes": s, "budget_flops": budget, "seconds": seconds, "runs": runs,
-                   "training_mappings": len(seen)}, f, indent=1)
+    write_atomically(base + ".md", text + "\n")
+    write_atomically(base + ".json", json.dumps({"scale": scale, "sizes": s, "budget_flops": budget, "seconds": seconds,
+                                                 "runs": runs, "training_mappings": len(seen)}, indent=1))
     picture = plot(runs, base + ".png")
     print(f"\nwrote {base}.md, .json{' and .png' if picture else ''} in {format_duration(seconds)}")
 

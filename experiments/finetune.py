@@ -1,14 +1,13 @@
 """
-Pretrain once, add a small head, fine-tune per task (claim B2), and find where the other architectures still win:
-judgements over a whole input (F3), embeddings for retrieval (E3), encoders against decoders at equal size and
-recipe (X1, Ettin 2025).
+Question: pretrain once, add a small head, fine-tune per task (claim B2): do encoders beat decoders of the same
+size and recipe on judgements over a whole input (F3), on embeddings for retrieval (E3), on classification (X1)?
 
-    python finetune.py --init_from=out-bert --task=speaker --mode=probe     # one checkpoint, one task
-    python finetune.py --init_from=out-gpt --task=tampered --mode=full --pooling=mean --seeds=3
-    python finetune.py --init_from=bert-base-uncased --task=retrieval       # a published model (pretrained.py)
-    python finetune.py --study                # the study's equal-FLOPs gpt, bert, prefixlm, t5, diffusion x every
-                                              # task x mode x 3 seeds -> study_results/finetune-cpu.{md,json,png}
-    python finetune.py --study --quick        # seconds (the test suite runs it)
+    python experiments/finetune.py --init_from=out-cpu-bert --task=speaker --mode=probe   # one checkpoint, one task
+    python experiments/finetune.py --init_from=out-cpu-gpt --task=tampered --mode=full --pooling=mean --seeds=3
+    python experiments/finetune.py --init_from=bert-base-uncased --task=retrieval  # published (infra/pretrained.py)
+    python experiments/finetune.py --study          # the study's gpt, bert, prefixlm, t5, diffusion x every task x
+                                                    # mode x 3 seeds: ~40 minutes -> results/study/finetune-cpu.*
+    python experiments/finetune.py --study --quick  # seconds (the test suite runs it) -> out-quick/
 
 Tasks (tasks.py, made from the text of the prepared char-level dataset, training and evaluation examples from
 disjoint parts of it): speaker (which of 8 speakers said a speech), tampered (is one line of a passage replaced
@@ -35,12 +34,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from checkpoint import load_model
-from configurator import UserError, apply_overrides, check_seed, pick_device, run_main
-from dataset import load_dataset
-from progress import StopSignals, format_duration, write_atomically
-from study_report import mean_std
-from tasks import CANDIDATES, TASKS, baselines, classification_scores, make_task, read_texts, retrieval_scores
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/finetune.py
+
+from infra.checkpoint import load_model
+from infra.configurator import UserError, apply_overrides, check_seed, output_folder, pick_device, run_main
+from infra.dataset import load_dataset
+from infra.progress import StopSignals, format_duration, write_atomically
+from experiments.study_report import mean_std
+from experiments.tasks import CANDIDATES, TASKS, baselines, classification_scores, make_task, read_texts, retrieval_scores
 
 DEFAULTS = dict(
     init_from="",            # a train.py out_dir (its ckpt.pt), or a published name / save_pretrained folder
@@ -53,7 +54,7 @@ DEFAULTS = dict(
     probe_steps=600,         # head-only steps on cached features
     batch_size=32, learning_rate=3e-4, head_learning_rate=3e-3, temperature=0.05,  # temperature: contrastive loss
     device="auto",
-    study=False, scale="cpu", quick=False, out_dir="study_results", fresh=False,  # --study: the whole table
+    study=False, scale="cpu", quick=False, out_dir="results/study", fresh=False,  # --study: the whole table
 )
 MODES = ("probe", "full")
 
@@ -70,13 +71,13 @@ class Backbone:
             not (os.path.exists(init_from) or os.sep in init_from or init_from.startswith("."))
         if os.path.exists(path):
             from objectives import Specials
-            from sample import tokenizer_for
+            from infra.pretrained import tokenizer_for
             self.model, checkpoint = load_model(path, device)
             meta = checkpoint["meta"]
             self.tokenizer, self.pad = tokenizer_for(meta), Specials.from_meta(meta).pad
             self.objective = checkpoint["config"].get("objective")
         elif published:  # a hub name or a save_pretrained folder (pretrained.py; needs transformers)
-            from pretrained import load_for_sampling
+            from infra.pretrained import load_for_sampling
             try:
                 self.model, self.tokenizer, specials = load_for_sampling(init_from, device)
             except UserError as e:
@@ -115,9 +116,9 @@ def pooled_features(model, ids, lengths, pooling):
     which a causal model cannot see."""
     arch = model.config.arch
     if arch == "t5":
-        hidden = model.encode(ids, key_lengths=lengths)
+        hidden = model.encode(ids, lengths=lengths)
     elif arch == "bert":
-        hidden = model.run_stack(ids, key_lengths=lengths)
+        hidden = model.run_stack(ids, lengths=lengths)
     elif arch == "prefixlm":
         hidden = model.run_stack(ids, prefix_length=lengths)
     else:
@@ -251,7 +252,7 @@ READERS = [("gpt", "last"), ("gpt", "mean"), ("bert", "mean"), ("prefixlm", "mea
 def study_backbones(config, scale, device):
     """The study's equal-FLOPs checkpoints of gpt, bert, prefixlm, t5 and diffusion: reused when study.py (or an
     earlier --study) left them finished in out_dir/checkpoints, else trained now with study.py's own code."""
-    import study as equal_compute
+    from experiments import study as equal_compute
     s = equal_compute.SCALES[scale]
     _, meta = load_dataset(config["dataset"], s["block_size"], prepare_if_missing=True)
     budget = equal_compute.flops_budget(s, meta)
@@ -287,6 +288,7 @@ def study_backbones(config, scale, device):
 
 
 def study(config):
+    config["out_dir"] = output_folder(config, DEFAULTS)
     scale = "quick" if config["quick"] else config["scale"]
     if scale not in STUDY_SCALES:
         raise UserError(f"unknown --scale={scale}: {', '.join(k for k in STUDY_SCALES if k != 'quick')} (or --quick)")
@@ -355,6 +357,7 @@ def study(config):
     print("\n" + text)
     write_atomically(os.path.join(config["out_dir"], f"finetune-{scale}.md"), text + "\n")
     study_plot(data, os.path.join(config["out_dir"], f"finetune-{scale}.png"))
+    print(f"wrote {os.path.join(config['out_dir'], f'finetune-{scale}')}.md, .json and .png", flush=True)
 
 
 METRIC = {"speaker": "balanced accuracy", "tampered": "accuracy", "retrieval": "recall@1"}  # the table's

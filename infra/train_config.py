@@ -1,0 +1,88 @@
+"""
+The checks of a training config (train.py's DEFAULTS after the overrides): what the architecture decides (its
+objective, its out_dir, a preset's shape), and every value that cannot run, refused in one line before anything
+is built or written. The model's own checks stay in model.ModelConfig.validate; this adds the training ones.
+"""
+import difflib
+import math
+
+import objectives
+from infra.configurator import UserError, check_seed
+from model import ARCHS, PRESETS, ModelConfig
+
+MODEL_KEYS = ("arch", "n_layer", "n_decoder_layer", "n_head", "n_embd", "block_size", "bias", "position")
+
+
+def model_config(config, vocab_size):
+    """The ModelConfig a training config describes."""
+    return ModelConfig(vocab_size=vocab_size, dropout=config["dropout"],
+                       d_ff=PRESETS.get(config["preset"], {}).get("d_ff", 0),
+                       **{k: config[k] for k in MODEL_KEYS})
+
+
+def check_training_config(config):
+    """Fill in what depends on the arch (the objective, out_dir's {arch}, a preset's shape); refuse what cannot run."""
+    if config["arch"] not in ARCHS:
+        raise UserError(f"unknown --arch={config['arch']}: choose one of {', '.join(ARCHS)}")
+    allowed = objectives.OBJECTIVES_FOR_ARCH[config["arch"]]
+    config["objective"] = config["objective"] or allowed[0]
+    if config["objective"] not in allowed:
+        raise UserError(f"--objective={config['objective']} does not fit --arch={config['arch']}: "
+                        f"choose one of {', '.join(allowed)}")
+    if config["preset"]:
+        if config["preset"] not in PRESETS:
+            raise UserError(f"unknown --preset={config['preset']}: choose one of {', '.join(PRESETS)}")
+        for key, value in PRESETS[config["preset"]].items():
+            if key in MODEL_KEYS and key != "arch":
+                config[key] = value
+    close = difflib.get_close_matches(config["init_from"], ["scratch", "resume"], n=1, cutoff=0.6)
+    if not config["init_from"] or (close and close[0] != config["init_from"]):
+        raise UserError(f"--init_from={config['init_from']}: did you mean {close[0] if close else 'scratch'}? "
+                        f"(scratch, resume, or published weights: gpt2, a save_pretrained folder)")
+    try:  # "out-{arch}" (the default), "out-cpu-{arch}" (the CPU recipe): one folder per arch, never shared
+        config["out_dir"] = config["out_dir"].format(arch=config["arch"], objective=config["objective"])
+    except (KeyError, IndexError, ValueError):
+        raise UserError(f"--out_dir={config['out_dir']}: the only placeholders are {{arch}} and {{objective}}") from None
+    if not config["out_dir"]:
+        raise UserError("--out_dir is empty: name a folder (default out-{arch})")
+    for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
+        if config[key] < 1:
+            raise UserError(f"--{key} must be at least 1, got {config[key]}")
+    for key in ("max_iters", "warmup_iters", "lr_decay_iters"):
+        if config[key] < 0:
+            raise UserError(f"--{key} must be at least 0, got {config[key]}")
+    if min(config["mlm_mask_fraction"], config["mlm_random_fraction"]) < 0 or \
+            config["mlm_mask_fraction"] + config["mlm_random_fraction"] > 1:
+        raise UserError("need mlm_mask_fraction, mlm_random_fraction >= 0 with a sum of at most 1 (BERT: 0.8, 0.1)")
+    if config["block_size"] < 8:
+        raise UserError(f"--block_size={config['block_size']} is too small: use at least 8")
+    mixture = config["ul2_mixture"]
+    if len(mixture) != 3 or not all(isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w)
+                                    for w in mixture) or min(mixture) < 0 or sum(mixture) <= 0:
+        raise UserError("--ul2_mixture must be three non-negative weights (S, R, X), e.g. (0.5,0.25,0.25)")
+    if config["learning_rate"] <= 0 or config["min_lr"] < 0:
+        raise UserError("--learning_rate must be > 0 and --min_lr >= 0")
+    if config["weight_decay"] < 0 or not 0 <= config["beta1"] < 1 or not 0 <= config["beta2"] < 1:
+        raise UserError("need --weight_decay >= 0 and 0 <= --beta1, --beta2 < 1")
+    if config["grad_clip"] < 0 or config["max_flops"] < 0:
+        raise UserError("--grad_clip and --max_flops must not be negative")
+    check_seed(config["seed"])
+    if config["dtype"] not in ("auto", "float32", "bfloat16", "float16"):
+        raise UserError(f"unknown --dtype={config['dtype']}: auto, float32, bfloat16 or float16")
+    try:
+        model_config(config, vocab_size=1).validate()
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def check_objective_fits_dataset(config, specials, meta):
+    """The special tokens an objective needs must be in the dataset's vocabulary (a published one may lack them)."""
+    if config["objective"] == "ul2" and not specials.modes:  # a published vocabulary (pretrained.dataset_meta)
+        raise UserError(f"--objective=ul2 needs UL2's mode tokens, which dataset {config['dataset']} "
+                        f"({meta['tokenizer']}'s vocabulary) does not have: use span_corruption")
+    if config["objective"] in ("span_corruption", "ul2") and not specials.sentinels:
+        raise UserError(f"--objective={config['objective']} needs sentinel tokens, which dataset {config['dataset']} "
+                        f"({meta['tokenizer']}'s vocabulary) does not have: use a T5 or character/GPT-2 dataset")
+    if config["objective"] in ("mlm", "diffusion") and meta.get("tokenizer_family") == "t5":
+        raise UserError(f"--objective={config['objective']} needs a [MASK] token, which T5's vocabulary (dataset "
+                        f"{config['dataset']}) does not have: use span_corruption")

@@ -1,0 +1,148 @@
+"""The house: what a reader finds at the top, which way the imports point, and the docs every claim id leads to."""
+import ast
+import os
+import re
+import subprocess
+
+import pytest
+
+from conftest import ROOT
+
+CHAPTER = ["masks.py", "model.py", "objectives.py", "train.py", "kvcache.py", "sample.py", "bench.py"]
+TOP_LEVEL = set(CHAPTER) | {"README.md", "requirements.txt", "config", "data", "tests", "infra", "experiments",
+                            "results", "docs", "exercises"}
+COMMANDS = ("train", "sample", "bench")  # scripts: only experiments (and tests) may import them
+
+
+def tracked_files():
+    """The files a clone holds: git's list where there is a repository, else every file under the root."""
+    try:
+        listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        return [f for f in listed.splitlines() if os.path.exists(os.path.join(ROOT, f))]
+    except (OSError, subprocess.CalledProcessError):
+        return [os.path.relpath(os.path.join(d, f), ROOT) for d, _, files in os.walk(ROOT) for f in files
+                if ".git" not in d and "__pycache__" not in d]
+
+
+def project_modules():
+    """{module name: path} of every Python file of the project outside tests/ (e.g. infra.checkpoint)."""
+    found = {}
+    for path in tracked_files():
+        if path.endswith(".py") and not path.startswith(("tests/", "exercises/solutions/")):
+            found[path[:-3].replace("/", ".")] = path
+    return found
+
+
+def imports_of(path, modules):
+    """Project modules imported anywhere in a file, function bodies (lazy imports) included."""
+    tree = ast.parse(open(os.path.join(ROOT, path), encoding="utf-8").read())
+    found = set()
+    package = path.rsplit("/", 1)[0].replace("/", ".") if "/" in path else ""
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        for name in names:
+            for candidate in (name, f"{package}.{name}" if package else name):
+                if candidate in modules:
+                    found.add(candidate)
+    return found
+
+
+def import_graph():
+    modules = project_modules()
+    return {module: imports_of(path, modules) - {module} for module, path in modules.items()}
+
+
+def test_the_top_level_is_the_chapter_and_a_few_folders():
+    entries = {name for name in os.listdir(ROOT) if not name.startswith(".") and name not in ("__pycache__",)}
+    tracked_top = {path.split("/")[0] for path in tracked_files()}
+    assert tracked_top - {".ci", ".gitignore"} <= TOP_LEVEL, sorted(tracked_top - TOP_LEVEL)
+    assert set(CHAPTER) <= entries and len(tracked_top - {".ci", ".gitignore"}) <= len(TOP_LEVEL)
+
+
+def test_no_import_circle_anywhere_lazy_imports_included():
+    graph = import_graph()
+    state = {}
+
+    def visit(module, path):
+        state[module] = "open"
+        for other in sorted(graph[module]):
+            if state.get(other) == "open":
+                cycle = path[path.index(other):] + [other]
+                raise AssertionError("import circle: " + " -> ".join(cycle))
+            if other not in state:
+                visit(other, path + [other])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+
+
+def test_arrows_point_down():
+    """Experiments use the chapter and the infrastructure; the commands (train, sample, bench) are imported by
+    experiments only; the infrastructure imports no command and no experiment; nothing imports an experiment but
+    another experiment."""
+    for module, imported in import_graph().items():
+        experiments = {m for m in imported if m.startswith("experiments.")}
+        commands = {m for m in imported if m in COMMANDS}
+        if not module.startswith("experiments."):
+            assert not experiments, (module, experiments)
+            assert not commands, (module, commands)
+
+
+def test_the_readme_is_a_guide_and_every_cited_claim_id_is_in_the_claims_file():
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    assert len(readme.split()) <= 3000, len(readme.split())
+    for heading in ("## Quick start", "## Read the code in this order", "## What was measured"):
+        assert heading in readme, heading
+    claims = open(os.path.join(ROOT, "docs", "claims.md"), encoding="utf-8").read()
+    documented = set(re.findall(r"^\| \*\*([A-FX][0-9])\*\* \|", claims, flags=re.M))
+    cited = set()
+    for path in tracked_files():
+        if path.endswith((".py", ".md")) and not path.startswith("results/"):
+            text = open(os.path.join(ROOT, path), encoding="utf-8").read()
+            cited |= set(re.findall(r"\b(?:claims?|ids?) ([A-FX][0-9])\b", text))
+            cited |= {m for group in re.findall(r"\(([A-FX][0-9](?:, [A-FX][0-9])*)\)", text)
+                      for m in group.split(", ")}
+    assert cited and cited <= documented, sorted(cited - documented)
+
+
+def test_every_experiment_says_its_question_command_and_result_file():
+    folder = os.path.join(ROOT, "experiments")
+    listed = open(os.path.join(folder, "README.md"), encoding="utf-8").read()
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".py"):
+            continue
+        doc = ast.get_docstring(ast.parse(open(os.path.join(folder, name), encoding="utf-8").read())) or ""
+        if "python experiments/" not in doc:  # a helper of an experiment (its tasks, its report)
+            assert "experiments/" in doc or "study" in doc, name
+            continue
+        assert doc.startswith("Question:"), name
+        assert f"python experiments/{name}" in doc and "results/" in doc and "minutes" in doc.lower(), name
+        assert f"`experiments/{name}`" in listed, name
+
+
+def test_the_tree_speaks_of_the_project_only():
+    """No words about how it was made (who worked on it, when, under which ticket), outside the tests."""
+    pattern = re.compile(r"\bsessions?\b|\blent\b|\bissue [0-9]+|\(issue", re.IGNORECASE)
+    found = []
+    for path in tracked_files():
+        if path.startswith("tests/") or path.endswith((".png", ".pt", ".bin", ".pkl")):
+            continue
+        try:
+            text = open(os.path.join(ROOT, path), encoding="utf-8").read()
+        except UnicodeDecodeError:
+            continue
+        found += [f"{path}: {line.strip()[:80]}" for line in text.splitlines() if pattern.search(line)]
+    assert not found, found[:5]
+
+
+@pytest.mark.parametrize("module", ["masks", "model", "objectives", "kvcache"])
+def test_the_chapter_core_imports_no_infrastructure(module):
+    """masks, model, objectives and kvcache are the chapter's ideas: plain torch, readable without the rest."""
+    graph = import_graph()
+    assert not {m for m in graph[module] if m.startswith(("infra.", "experiments.", "data."))}, graph[module]
