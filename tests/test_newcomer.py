@@ -1,0 +1,118 @@
+"""A newcomer's first hour: the README's quick start works as written, in order; smoke runs stay out of git;
+numbers that rest on a failed measurement say so; a run says how it started and how it ended."""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import train
+from conftest import ROOT, tiny_args
+from infra.configurator import QUICK_OUTPUT, output_folder
+from infra.run_control import format_mfu
+
+QUICK_START = [  # the README's quick start, in its order (the test below reads them from the README)
+    "pip install -r requirements.txt",
+    "python masks.py",
+    "python train.py --arch=bert",
+    "python train.py config/train_shakespeare_char_cpu.py --arch=bert",
+    "python sample.py --out_dir=out-cpu-bert --steps=16 --max_new_tokens=48",
+    "python train.py config/train_shakespeare_char_cpu.py --arch=gpt",
+    'python sample.py --out_dir=out-cpu-gpt --start="ROMEO:"',
+    "python -m pytest -q",
+]
+TINY = ["--max_iters=20", "--eval_interval=10", "--eval_iters=2", "--log_interval=10"]  # the recipe, in seconds
+
+
+def readme_quick_start():
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    section = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```\n(.*?)```", section, flags=re.S)
+    commands = [line.split("  #")[0].strip() for block in blocks for line in block.splitlines()]
+    return [c for c in commands if c.startswith(("python", "pip"))]
+
+
+def run_in(folder, command, *extra, timeout=300):
+    args = command.split()[1:] + list(extra)
+    return subprocess.run([sys.executable, os.path.join(ROOT, args[0]), *args[1:]], cwd=folder, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_the_quick_start_runs_as_written_in_order(char_dataset, tmp_path):
+    """In a fresh folder: the GPU-sized default on a CPU advises the recipe, Ctrl-C saves into out-bert; the
+    advised recipe (tiny here: 20 iterations) is not refused, writes its own out-cpu-bert and samples."""
+    assert readme_quick_start() == QUICK_START
+    data = f"--dataset={char_dataset}"
+    masks = run_in(tmp_path, QUICK_START[1])
+    assert masks.returncode == 0 and "identical: True" in masks.stdout
+    default = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), "--arch=bert", data, "--device=cpu"],
+                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in default.stdout:
+        lines.append(line)
+        if line.startswith("these settings are sized for one GPU"):
+            break
+    default.send_signal(signal.SIGINT)  # Ctrl-C during the first evaluation
+    stdout, stderr = default.communicate(timeout=120)
+    assert default.returncode == 0, stderr
+    assert "config/train_shakespeare_char_cpu.py --arch=bert" in lines[-1], lines
+    assert "interrupted: saved out-bert/ckpt.pt at iteration 0" in stdout, stdout
+    assert os.path.exists(tmp_path / "out-bert" / "ckpt.pt")
+    for train_command, sample_command in ((QUICK_START[3], QUICK_START[4]), (QUICK_START[5], QUICK_START[6])):
+        trained = run_in(tmp_path, train_command, data, *TINY)
+        assert trained.returncode == 0, trained.stderr
+        assert "finished at iteration 20" in trained.stdout and "python sample.py --out_dir=out-cpu-" in trained.stdout
+        sample = run_in(tmp_path, sample_command.replace('"', ""), "--max_new_tokens=8", "--num_samples=1")
+        assert sample.returncode == 0, sample.stderr
+    assert sorted(os.listdir(tmp_path)) == ["out-bert", "out-cpu-bert", "out-cpu-gpt"]
+
+
+def test_smoke_runs_write_outside_the_committed_results(tmp_path):
+    """--quick left at the default writes to out-quick/ (git-ignored), for every command that has one."""
+    from experiments import epochs, finetune, incontext, study
+    for defaults in (study.DEFAULTS, finetune.DEFAULTS, incontext.DEFAULTS, epochs.DEFAULTS):
+        quick = output_folder(dict(defaults, quick=True), defaults)
+        assert quick.startswith(QUICK_OUTPUT + os.sep) and not quick.startswith("results")
+        assert output_folder(dict(defaults, quick=True, out_dir="mine"), defaults) == "mine"
+        assert output_folder(dict(defaults), defaults) == defaults["out_dir"]
+    if shutil.which("git") is None or not os.path.isdir(os.path.join(ROOT, ".git")):
+        pytest.skip("not a git clone: the ignore rule cannot be checked")
+    ignored = subprocess.run(["git", "check-ignore", "-q", f"{QUICK_OUTPUT}/study/study-quick.json"], cwd=ROOT)
+    assert ignored.returncode == 0, "out-quick/ must be ignored by git"
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", ROOT, str(clone)], check=True)
+    bench = subprocess.run([sys.executable, "bench.py", "--quick", "--sections=ceilings", "--compile=False"],
+                           cwd=clone, capture_output=True, text=True, timeout=120)
+    assert bench.returncode == 0, bench.stderr
+    assert f"wrote {QUICK_OUTPUT}/bench/bench-cpu-quick.json" in bench.stdout
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True).stdout
+    assert status == "", status
+
+
+def test_an_mfu_above_100_percent_is_reported_as_a_measurement_problem(char_dataset, tmp_path, capsys, monkeypatch):
+    """A peak measured on a busy machine (forced here to 1 MFLOP/s) is never the base of an MFU figure above 100%."""
+    assert format_mfu(0.5e12, 1e12) == "mfu 50.0%"
+    assert format_mfu(3e12, 1e12).startswith("mfu ? (")
+    monkeypatch.setattr(train, "matmul_flops_per_second", lambda *args, **kwargs: 1e6)
+    train.train(train.resolve_config(tiny_args(char_dataset, str(tmp_path / "o"), max_iters=3, log_interval=1,
+                                               quiet=False)))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("iter ")]
+    assert lines and all("mfu ? (" in line and "busy machine" in line for line in lines), lines
+    assert not any(re.search(r"mfu [0-9.]+%", line) for line in lines)
+
+
+def test_a_run_says_how_it_started_and_how_it_ended(char_dataset, tmp_path, capsys):
+    out = str(tmp_path / "o")
+    train.train(train.resolve_config(tiny_args(char_dataset, out, max_iters=4, eval_interval=2, quiet=False)))
+    first = capsys.readouterr().out
+    assert f"finished at iteration 4: {os.path.join(out, 'ckpt.pt')}" in first
+    assert f"python sample.py --out_dir={out}" in first and "--init_from=resume --max_iters=<more than 4>" in first
+    train.train(train.resolve_config(tiny_args(char_dataset, out, init_from="resume", max_iters=6, eval_interval=2,
+                                               quiet=False)))
+    resumed = capsys.readouterr().out
+    assert resumed.splitlines()[0] == f"resuming {os.path.join(out, 'ckpt.pt')} from iteration 4"
+    train.train(train.resolve_config(tiny_args(char_dataset, str(tmp_path / "none"), max_iters=0, quiet=False)))
+    assert "finished at iteration 0 without training a step (--max_iters=0): nothing saved" in capsys.readouterr().out
