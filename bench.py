@@ -19,7 +19,6 @@ Every timing: warm-up first, device synchronisation before reading the clock, me
 import atexit
 import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -28,9 +27,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from infra.configurator import QUICK_OUTPUT, UserError, apply_overrides, pick_device, run_main
+from infra.configurator import QUICK_NOTE, QUICK_OUTPUT, UserError, apply_overrides, pick_device, run_main
 from infra.progress import Progress, StopSignals, format_duration, write_atomically
-from infra.timing import copy_bandwidth, matmul_flops_per_second, median_time, time_once
+from infra.timing import copy_bandwidth, machine_name, matmul_flops_per_second, median_time, mfu_text, time_once
 
 SECTIONS = ("ceilings", "training", "attention", "decoding", "prefix")
 DEFAULTS = dict(
@@ -115,7 +114,7 @@ def bench_training(device, size, repeats, results, compiled_rows=True):
         generator = torch.Generator().manual_seed(0)
         windows = torch.randint(0, specials.num_ordinary, (size["batch"], size["block_size"] + 1), generator=generator)
         objective = objectives.OBJECTIVES_FOR_ARCH[arch][0]
-        batch = objectives.make_batch(objective, windows, specials, generator, arch)
+        batch = objectives.batch_for({"objective": objective, "arch": arch}, windows, specials, generator)
         flops = model.training_flops(batch)
         supervised, processed = batch.supervised_positions(), batch.processed_positions()
         batch = batch.to(device)
@@ -134,7 +133,7 @@ def bench_training(device, size, repeats, results, compiled_rows=True):
                       "parameters": model.num_parameters()}
         figures = data[arch]
         rows.append([arch, objective, "eager", f"{figures['parameters'] / 1e6:.2f}M",
-                     f"{figures['ms_per_step']:.1f}", f"{figures['tokens_per_s']:,.0f}", f"{100 * figures['mfu']:.1f}%",
+                     f"{figures['ms_per_step']:.1f}", f"{figures['tokens_per_s']:,.0f}", mfu_text(flops / seconds, peak),
                      f"{100 * figures['supervised_fraction']:.1f}%", f"{figures['supervised_per_s']:,.0f}",
                      f"{figures['supervised_per_tflop']:,.0f}", "-", "1.00x"])
         if compiled_rows and (arch == "gpt" or not size["quick"]):  # --quick: gpt's row only, to keep it quick
@@ -147,14 +146,21 @@ def bench_training(device, size, repeats, results, compiled_rows=True):
                                            "compile_s": max(0.0, first - compiled_seconds),
                                            "speedup": seconds / compiled_seconds}
             rows.append([arch, objective, "compiled", "", f"{after['ms_per_step']:.1f}",
-                         f"{processed / compiled_seconds:,.0f}", f"{100 * after['mfu']:.1f}%", "",
+                         f"{processed / compiled_seconds:,.0f}", mfu_text(flops / compiled_seconds, peak), "",
                          f"{supervised / compiled_seconds:,.0f}", "", f"{after['compile_s']:.0f}",
                          f"{after['speedup']:.2f}x"])
     ratio = data["gpt"]["supervised_per_s"] / data["bert"]["supervised_per_s"]
-    data["gpt_over_bert_supervised"] = ratio
+    share = data["gpt"]["supervised_fraction"] / data["bert"]["supervised_fraction"]  # from the batches: exact
+    step_ratio = data["bert"]["ms_per_step"] / data["gpt"]["ms_per_step"]
+    data.update(gpt_over_bert_supervised=ratio, gpt_over_bert_supervised_share=share, bert_over_gpt_step=step_ratio)
     results["training"] = data
+    # the same model size must take about the same time per step; if not, the machine was busy and the timed
+    # ratio says more about the load than about claim C1 (the supervised share, counted, does not depend on it)
+    steady = abs(step_ratio - 1) <= 0.3
+    c1 = f"gpt / bert supervised tokens/s = {ratio:.2f}x" if steady else \
+        f"gpt / bert supervised tokens/s not measured: their step times differ {step_ratio:.2f}x, a busy machine"
     return table(f"2. Training step per architecture (batch {size['batch']} x {size['block_size']} tokens; "
-                 f"gpt / bert supervised tokens/s = {ratio:.2f}x, claim C1)",
+                 f"{c1}; supervised share {share:.2f}x, claim C1)",
                  ["arch", "objective", "step", "params", "ms/step", "tokens/s", "MFU", "supervised",
                   "supervised tok/s", "supervised tok/TFLOP", "compile s", "vs eager"], rows)
 
@@ -459,16 +465,20 @@ def plot(results, path):
     return path
 
 
-def cpu_name():
-    """The processor's model name (Linux: /proc/cpuinfo), else what platform knows: figures need the machine."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+def steadiness(device, size, results):
+    """The matmul rate again, at the end: every figure above is read against the first measurement, so a machine
+    whose speed changed during the run (other work on it) makes them unreliable, and the file says so."""
+    quick = size["quick"]
+    before = results["ceilings"]["matmul_flops"]
+    after = matmul_flops_per_second(device, size["dtype"], size=512 if quick else None, seconds=0.2 if quick else 1.0)
+    results["ceilings"]["matmul_flops_at_end"] = after
+    line = f"matmul rate at the start {before / 1e12:.3f}, at the end {after / 1e12:.3f} TFLOP/s"
+    if abs(after / before - 1) > 0.3:
+        line = f"**Unsteady machine: {line}; the figures above are not reliable (other work was running).**"
+    else:
+        line = f"Steady machine: {line}."
+    print("\n" + line, flush=True)
+    return "\n" + line
 
 
 def check_out_path(out):
@@ -502,10 +512,7 @@ def main():
     out = config["out"] or os.path.join(folder, f"bench-{name}{'-quick' if config['quick'] else ''}.json")
     check_out_path(out)
     repeats = 2 if config["quick"] else config["repeats"]
-    if device.startswith("cuda"):
-        machine = torch.cuda.get_device_name(device)
-    else:
-        machine = f"{cpu_name()}, {torch.get_num_threads()} threads"
+    machine = machine_name(device)
     print(f"## bench.py on {device} ({machine}), torch {torch.__version__}; model {size['n_layer']} layers x "
           f"{size['n_embd']} dims, block {size['block_size']}; medians of {repeats}")
     results = {"device": device, "machine": machine, "torch": torch.__version__,
@@ -533,10 +540,12 @@ def main():
         not_done = [x for x in todo if x not in finished]
         results["not_done"] = not_done
         print(f"\ninterrupted: sections not done: {', '.join(not_done)}", flush=True)
+    if "ceilings" in finished and len(finished) > 1:
+        texts.append(steadiness(device, size, results))
     results["seconds"] = time.perf_counter() - t0
     write_atomically(out, json.dumps(results, indent=1))
-    write_atomically(os.path.splitext(out)[0] + ".md",
-                     f"bench.py on {device} ({machine}), torch {torch.__version__}\n" + "\n".join(texts) + "\n")
+    header = f"bench.py on {device} ({machine}), torch {torch.__version__}\n" + (f"\n{QUICK_NOTE}\n" if size["quick"] else "")
+    write_atomically(os.path.splitext(out)[0] + ".md", header + "\n".join(texts) + "\n")
     picture = None
     if config["plots"] and "decoding" in finished:
         picture = plot(results, os.path.splitext(out)[0] + ".png")

@@ -290,20 +290,21 @@ def ul2(windows, specials, generator, arch, mixture=(0.5, 0.25, 0.25)):
 
 # ----------------------------------------------------------------------------- the one switch
 
-def make_batch(objective, windows, specials, generator, arch, mlm_rate=0.15, mlm_mask_fraction=0.8,
-               mlm_random_fraction=0.1, noise_density=0.15, mean_span=3.0, ul2_mixture=(0.5, 0.25, 0.25)):
+# the knobs a settings dict may hold (a training config holds the first two groups' train.py keys), and the argument
+# of the batch maker each one sets; a knob that is absent keeps the batch maker's default, the published value
+KNOBS = {"mlm": {"mlm_rate": "rate", "mlm_mask_fraction": "mask_fraction", "mlm_random_fraction": "random_fraction"},
+         "span_corruption": {"noise_density": "noise_density", "mean_span": "mean_span"},
+         "ul2": {"ul2_mixture": "mixture"}}
+BATCH_MAKERS = {"clm": clm, "mlm": mlm, "diffusion": diffusion, "prefix_lm": prefix_lm,
+                "span_corruption": span_corruption, "ul2": ul2}
+
+
+def batch_for(settings, windows, specials, generator):
+    """The one place where the objective enters: windows (B, T+1) -> the Batch of settings["objective"] for
+    settings["arch"]. `settings` is a training config (train.py) or any dict with those two keys."""
+    objective, arch = settings["objective"], settings["arch"]
     if objective not in OBJECTIVES_FOR_ARCH.get(arch, ()):
         allowed = ", ".join(OBJECTIVES_FOR_ARCH.get(arch, ()))
         raise ValueError(f"objective {objective!r} does not fit arch {arch!r}: choose one of {allowed}")
-    if objective == "clm":
-        return clm(windows, specials, generator, arch)
-    if objective == "mlm":
-        return mlm(windows, specials, generator, arch, rate=mlm_rate, mask_fraction=mlm_mask_fraction,
-                   random_fraction=mlm_random_fraction)
-    if objective == "diffusion":
-        return diffusion(windows, specials, generator, arch)
-    if objective == "prefix_lm":
-        return prefix_lm(windows, specials, generator, arch)
-    if objective == "span_corruption":
-        return span_corruption(windows, specials, generator, arch, noise_density=noise_density, mean_span=mean_span)
-    return ul2(windows, specials, generator, arch, mixture=ul2_mixture)
+    knobs = {argument: settings[key] for key, argument in KNOBS.get(objective, {}).items() if key in settings}
+    return BATCH_MAKERS[objective](windows, specials, generator, arch, **knobs)

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 import objectives
+from objectives import batch_for
 from infra.checkpoint import (CheckpointWriteFailed, check_resume, load_checkpoint, model_from_checkpoint,
                               restore_training_state, rng_state)
 from infra.configurator import UserError, apply_overrides, run_main
@@ -95,13 +96,6 @@ def learning_rate_at(it, config):
         return config["min_lr"]
     ratio = (it - config["warmup_iters"]) / max(1, config["lr_decay_iters"] - config["warmup_iters"])
     return config["min_lr"] + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (config["learning_rate"] - config["min_lr"])
-
-
-def batch_for(config, windows, specials, generator):
-    """The one place where the objective enters: windows (B, T+1) -> a Batch for config's arch."""
-    return objectives.make_batch(config["objective"], windows, specials, generator, config["arch"],
-                                 mlm_mask_fraction=config["mlm_mask_fraction"],
-                                 mlm_random_fraction=config["mlm_random_fraction"], ul2_mixture=config["ul2_mixture"])
 
 
 @torch.no_grad()

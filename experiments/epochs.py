@@ -46,9 +46,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import objectives
 import train
-from infra.configurator import UserError, run_main
+from infra.configurator import QUICK_NOTE, UserError, run_main
 from infra.dataset import get_windows, load_dataset
 from infra.progress import StopSignals, format_duration, write_atomically
+from infra.timing import machine_name
 from experiments.study import character_frequency_bits, resolve_experiment, second_half_bits
 from experiments.study_report import mean_std
 
@@ -180,13 +181,14 @@ def summarise(runs, s):
 def report(data, s, scale):
     table, best, crossover = summarise(data["runs"], s)
     fmt = lambda ms: "-" if ms[0] is None else f"{ms[0]:.3f}" + ("" if ms[1] is None else f" +- {ms[1]:.3f}")  # noqa: E731
-    lines = [f"Repeated data (claim X2), scale `{scale}`: {s['n_layer']} layers x {s['n_embd']} dims, block "
+    lines = [QUICK_NOTE, ""] if scale == "quick" else []
+    lines += [f"Repeated data (claim X2), scale `{scale}`: {s['n_layer']} layers x {s['n_embd']} dims, block "
              f"{s['block_size']}, batch {s['batch_size']}; unique data = the first {s['unique_chars']:,} characters "
              f"of the training split; each cell its own run with its own cosine schedule; held-out = "
              f"{s['eval_windows']} windows of the validation split, train = {s['eval_windows']} windows of the unique "
              f"data; metric = bits/char of a window's second half given its first half (gpt: exact NLL; diffusion: "
              f"ELBO, an upper bound on its NLL; bert: left-to-right chain rule with [MASK] placeholders); mean +- std "
-             f"over seeds (n per cell in the last column). Device {data['device']}, "
+             f"over seeds (n per cell in the last column). On {data.get('machine', data['device'])}, "
              f"{data['seconds'] / 60:.1f} min for the runs recorded here.", "",
              "| objective | epochs | held-out bits/char | train bits/char | diffusion: exact chain rule, held-out "
              "| seeds |", "|---|---|---|---|---|---|"]
@@ -282,7 +284,7 @@ def main():
         else:
             print(f"{json_path} holds runs of other settings: starting over (they are replaced)", flush=True)
     todo = plan_runs(s, runs, config["seed"])
-    data = {"settings": settings, "device": device, "unique_chars": s["unique_chars"], "runs": runs,
+    data = {"settings": settings, "device": device, "machine": machine_name(device), "unique_chars": s["unique_chars"], "runs": runs,
             "character_frequency_bits": character_frequency_bits(os.path.join(folder, "train.bin"), windows["val"],
                                                                  specials.num_ordinary)}
     os.makedirs(config["out_dir"], exist_ok=True)

@@ -37,9 +37,10 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/finetune.py
 
 from infra.checkpoint import load_model
-from infra.configurator import UserError, apply_overrides, check_seed, output_folder, pick_device, run_main
+from infra.configurator import QUICK_NOTE, UserError, apply_overrides, check_seed, output_folder, pick_device, run_main
 from infra.dataset import load_dataset
 from infra.progress import StopSignals, format_duration, write_atomically
+from infra.timing import machine_name
 from experiments.study_report import mean_std
 from experiments.tasks import CANDIDATES, TASKS, baselines, classification_scores, make_task, read_texts, retrieval_scores
 
@@ -307,7 +308,7 @@ def study(config):
     t0 = time.perf_counter()
     folders, settings["checkpoints"] = study_backbones(config, scale, device)
     json_path = os.path.join(config["out_dir"], f"finetune-{scale}.json")
-    data = {"settings": settings, "device": device, "cells": [], "baselines": {}, "frozen": [], "examples": {}}
+    data = {"settings": settings, "device": device, "machine": machine_name(device), "cells": [], "baselines": {}, "frozen": [], "examples": {}}
     if os.path.exists(json_path) and not config["fresh"]:
         with open(json_path) as f:
             previous = json.load(f)
@@ -367,14 +368,15 @@ SECOND_METRIC = {"speaker": "accuracy", "retrieval": "mrr"}  # shown too
 def study_report(data, scale):
     s = data["settings"]
     readers = [f"{name} ({pooling})" for name, pooling in READERS]
-    lines = [f"Fine-tuning the study's equal-FLOPs checkpoints (scale `{scale}`; one pretraining run per arch), "
+    lines = [QUICK_NOTE, ""] if scale == "quick" else []
+    lines += [f"Fine-tuning the study's equal-FLOPs checkpoints (scale `{scale}`; one pretraining run per arch), "
              f"{s['seeds']} fine-tuning seeds (mean +- std in %; a seed sets the head's initialisation and the order "
              f"of training examples, so the std does not include the pretraining run or the choice of evaluation "
              f"examples, see the sampling error below). full: {s['steps']} steps of batch {s['batch_size']} at "
              f"learning rate {s['learning_rate']} (head {s['head_learning_rate']}); probe: {s['probe_steps']} "
              f"head-only steps on frozen features; retrieval's frozen row: the pooled states, untrained. Inputs of "
-             f"at most {s['max_chars']} characters. t5 reads with its encoder (half its layers). Device "
-             f"{data['device']}; {data.get('seconds', 0) / 60:.1f} min in all (pretraining included when it "
+             f"at most {s['max_chars']} characters. t5 reads with its encoder (half its layers). On "
+             f"{data.get('machine', data['device'])}; {data.get('seconds', 0) / 60:.1f} min in all (pretraining included when it "
              f"happened).", "",
              "| task (metric) | mode | " + " | ".join(readers) + " |", "|---|---|" + "---|" * len(readers)]
     for task in TASKS:

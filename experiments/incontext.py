@@ -2,7 +2,7 @@
 Question: in-context learning in miniature (claims C5 and X3): can a model learn a mapping it has never seen
 from k demonstrations in its input, and does that need a left-to-right decoder?
 
-    python experiments/incontext.py                  # gpt, bert, prefixlm, t5 x 3 seeds at equal FLOPs: ~19 min
+    python experiments/incontext.py                  # gpt, bert, prefixlm, t5 x 3 seeds at equal FLOPs: ~19 minutes
                                                      # on 2 cores -> results/study/incontext-cpu.{md,json,png}
     python experiments/incontext.py --scale=cpu-long # the same models 7.5x longer -> incontext-cpu-long.*
     python experiments/incontext.py --scale=gpu      # one GPU, larger models and budget
@@ -36,10 +36,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/incontext.py
 
 import objectives
-from infra.configurator import run_main
+from infra.configurator import QUICK_NOTE, run_main
 from data.prepare_common import write_dataset
 from infra.dataset import load_dataset
-from infra.progress import StopSignals, format_duration, write_atomically
+from infra.progress import StopSignals, format_duration, format_flops, write_atomically
+from infra.timing import machine_name
 from experiments.study import resolve_experiment, train_all
 
 KEYS, VALUES = "abcdefgh", "ABCDEFGH"
@@ -188,15 +189,16 @@ def mean_std(values):
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / max(1, len(values) - 1))
 
 
-def summarise(runs, s, budget, seconds, scale):
+def summarise(runs, s, budget, seconds, scale, machine):
     """The markdown table: accuracy (%) mean +- std over seeds against k, and the controls."""
     names = list(runs[0]["models"])
     fmt = lambda values: "{:.1f} +- {:.1f}".format(*[100 * x for x in mean_std(values)])  # noqa: E731
-    lines = [f"In-context learning, scale `{scale}` ({s['n_layer']} layers x {s['n_embd']} dims; t5 {s['n_layer'] // 2 or 1}"
-             f" + {s['n_layer'] // 2 or 1}), {budget / 1e12:.3f} TFLOP per model (= {s['gpt_iters']} gpt iterations), "
+    lines = [QUICK_NOTE, ""] if scale == "quick" else []
+    lines += [f"In-context learning, scale `{scale}` ({s['n_layer']} layers x {s['n_embd']} dims; t5 {s['n_layer'] // 2 or 1}"
+             f" + {s['n_layer'] // 2 or 1}), {format_flops(budget)} per model (= {s['gpt_iters']} gpt iterations), "
              f"{len(runs)} seeds, {s['eval_episodes']} episodes per cell on mappings never seen in training. "
              f"Accuracy (%) at the answer slot, mean +- std over seeds. Chance, and the best rule that ignores the "
-             f"demonstrations: 12.5. Whole run {seconds / 60:.1f} min.", "",
+             f"demonstrations: 12.5. Whole run {seconds / 60:.1f} min on {machine}.", "",
              "| model | " + " | ".join(f"k={k}" for k in K_VALUES) + " | k=8, shuffled | k=8, seen mappings |",
              "|" + "---|" * (len(K_VALUES) + 3)]
     for name in names:
@@ -265,7 +267,7 @@ def main():
         print("interrupted before any seed finished: nothing written")
         return
     seconds = time.perf_counter() - t0
-    text = summarise(runs, s, budget, seconds, scale)
+    text = summarise(runs, s, budget, seconds, scale, machine_name(device))
     if len(runs) < s["seeds"]:
         text += f"\n\n**Interrupted: {len(runs)} of {s['seeds']} seeds finished.**"
     print("\n" + text)

@@ -3,7 +3,7 @@ Question: do the chapter's measurable claims hold on the published models it is 
 released, loaded into the project's own modules by infra/pretrained.py, measured with the same functions as our
 small models.
 
-    python experiments/published_claims.py                # gpt2 + bert-base-uncased from the hub: ~10 min on a CPU
+    python experiments/published_claims.py                # gpt2 + bert-base-uncased from the hub: ~10 minutes, a CPU
                                                           # -> results/study/published-claims.{md,json}
     python experiments/published_claims.py --gpt=gpt2-medium --device=cuda
     python experiments/published_claims.py --gpt=FOLDER --bert=FOLDER   # save_pretrained folders (the tests)

@@ -53,9 +53,10 @@ import train
 from infra.configurator import UserError, apply_overrides, check_seed, output_folder, pick_device, run_main
 from infra.train_config import model_config
 from infra.checkpoint import load_model
-from infra.progress import Progress, StopSignals, format_duration, write_atomically
+from infra.progress import Progress, StopSignals, format_duration, format_flops, write_atomically
 from experiments.study_report import PROBE_TASKS, plot, report
 from infra.dataset import get_windows, load_dataset
+from infra.timing import machine_name
 from model import IGNORE_INDEX, ModelConfig, Transformer
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/study",
@@ -163,7 +164,7 @@ def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=
         result["objective"] = objective
         summary = {k: v for k, v in result.items() if k not in ("model", "meta", "interrupted")}
         write_atomically(record, json.dumps({"settings": settings, "summary": summary}))
-        print(f"trained {name}: {result['iter_num']} iterations, {result['flops'] / 1e12:.2f} TFLOP, "
+        print(f"trained {name}: {result['iter_num']} iterations, {format_flops(result['flops'])}, "
               f"{result['seconds']:.0f} s, val loss {result['val_loss']:.4f} ({objective})", flush=True)
         trained[name] = result
         units_done += fraction
@@ -183,7 +184,7 @@ def estimate_step_flops(config, s, meta):
     model = Transformer(model_config(config, vocab_size=meta["vocab_size"]))
     specials = objectives.Specials.from_meta(meta)
     windows = torch.randint(0, specials.num_ordinary, (s["batch_size"], s["block_size"] + 1))
-    return model.training_flops(train.batch_for(config, windows, specials, torch.Generator().manual_seed(0)))
+    return model.training_flops(objectives.batch_for(config, windows, specials, torch.Generator().manual_seed(0)))
 
 
 # ----------------------------------------------------------------------------- common metrics
@@ -509,7 +510,7 @@ def main():
     by_name = {model[0]: model for model in MODELS}
     compared = [model for model in MODELS if model[0] != "bert-100%-mask"]  # the ablation is measured apart (C2)
     budget = flops_budget(s, meta)
-    print(f"[study] 1/3 learning-rate sweep at equal FLOPs ({budget / 1e12:.2f} TFLOP each): {len(compared)} models x "
+    print(f"[study] 1/3 learning-rate sweep at equal FLOPs ({format_flops(budget)} each): {len(compared)} models x "
           f"rates {', '.join(f'{r:g}' for r in rates)}, seed {seeds[0]}; each keeps the rate of lowest validation "
           f"loss on its own objective", flush=True)
     sweep = train_runs({(m[0], lr): study_run(m, lr, seeds[0], f"{folder}-lr{lr:g}-{m[0]}") for m in compared
@@ -568,7 +569,7 @@ def main():
     k = max(1, round(0.15 * (T - 1)))
     blanks = torch.stack([torch.randperm(T - 1, generator=torch.Generator().manual_seed(i))[:k] + 1
                           for i in range(N)]).sort(dim=1).values.to(device)
-    data = {"scale": scale, "device": device, "budget_flops": budget, "seeds": seeds, "learning_rates": list(rates),
+    data = {"scale": scale, "device": device, "machine": machine_name(device), "budget_flops": budget, "seeds": seeds, "learning_rates": list(rates),
             "chosen_learning_rate": chosen, "budget_fractions": list(fractions), "ablation_budget": ablation_share,
             "ablation_learning_rate": ablation_rate,
             "models": {m[0]: {"arch": m[1], "objective": m[2], "learning_rate": chosen[m[0]], "seeds": []}

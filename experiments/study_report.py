@@ -6,6 +6,9 @@ import math
 
 import numpy as np
 
+from infra.configurator import QUICK_NOTE
+from infra.progress import format_flops
+
 LN2 = math.log(2)
 
 
@@ -29,9 +32,10 @@ def plus_minus(values, digits=3, percent=False):
 def report(data, s, N, V):
     """The markdown of study-<scale>.md: every number is a mean +- std over the seeds unless it says otherwise."""
     budget, seeds = data["budget_flops"], data["seeds"]
-    lines = [f"Equal-compute study, scale `{data['scale']}` ({s['n_layer']} layers x {s['n_embd']} dims, block "
-             f"{s['block_size']}, batch {s['batch_size']}), budget {budget / 1e12:.2f} TFLOP per model (= "
-             f"{s['gpt_iters']} gpt iterations), device {data['device']}, {N} held-out windows. Every number is a "
+    lines = [QUICK_NOTE, ""] if data["scale"] == "quick" else []
+    lines += [f"Equal-compute study, scale `{data['scale']}` ({s['n_layer']} layers x {s['n_embd']} dims, block "
+             f"{s['block_size']}, batch {s['batch_size']}), budget {format_flops(budget)} per model (= "
+             f"{s['gpt_iters']} gpt iterations), on {data.get('machine', data['device'])}, {N} held-out windows. Every number is a "
              f"mean +- sample std over {len(seeds)} training seeds ({', '.join(map(str, seeds))}; the common metrics on "
              f"the same evaluation windows for all, the val loss on windows drawn by each run's seed) unless it says "
              f"otherwise. Whole run {data['seconds'] / 60:.1f} min here, training of its "
@@ -113,9 +117,9 @@ def budget_table(data):
     model's gap to gpt (paired by seed)."""
     shares = [f"{f:g}" for f in data["budget_fractions"]] + ["1"]
     budget = data["budget"]
-    tflop = ", ".join(f"{float(f) * data['budget_flops'] / 1e12:.2f}" for f in shares)
+    tflop = ", ".join(format_flops(float(f) * data['budget_flops']) for f in shares)
     lines = ["", f"Does the gap close with compute? bits/char of the second half given the first at "
-                 f"{', '.join(shares)} x the budget ({tflop} TFLOP), each model at the rate chosen at 1 x (the best "
+                 f"{', '.join(shares)} x the budget ({tflop}), each model at the rate chosen at 1 x (the best "
                  f"rate of a shorter run may differ), its schedule sized to its budget; the gap to gpt is per seed, then mean +- std. Character frequencies: "
                  f"{data['unigram_reference']['bits_per_char']:.3f}.", "",
              "| model | " + " | ".join(f"{f} x budget" for f in shares) + " |", "|---|" + "---|" * len(shares)]

@@ -1,5 +1,5 @@
 """
-The fine-tuning tasks (finetune.py), made from the text of the prepared char-level Tiny Shakespeare: the labels
+The fine-tuning tasks (experiments/finetune.py), made from the text of the prepared char-level Tiny Shakespeare: the labels
 come from the text itself, nothing is downloaded, and each task's training and evaluation examples come from
 disjoint parts of the text (tests/test_finetune.py). With them, what a trivial rule reaches under the same scoring.
 

@@ -139,6 +139,8 @@ def check_seed(seed):
 # ----------------------------------------------------------------------------- where results go
 
 QUICK_OUTPUT = "out-quick"  # ignored by git (out*/): a smoke run's figures mean nothing and never land in results/
+QUICK_NOTE = ("**A --quick smoke run: tiny models trained for seconds. Its numbers show that every path runs, not "
+              "what any model can do: do not read them.**")
 
 
 def output_folder(config, defaults):

@@ -30,6 +30,14 @@ def format_duration(seconds):
     return f"{seconds / 3600:.1f} h"
 
 
+def format_flops(flops):
+    """8.06 TFLOP, 1.50 GFLOP, ...: a budget that reads right at every scale (a smoke run's is not 0.00 TFLOP)."""
+    for unit, size in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if flops >= size:
+            return f"{flops / size:.2f} {unit}"
+    return f"{flops:.0f} FLOP"
+
+
 class Progress:
     """Prints `what done/total, elapsed, ~left` when at least `every` seconds passed since the last line."""
 

@@ -31,6 +31,7 @@ import torch
 from infra.checkpoint import OutDirLock, RunLog, remove_quietly, save_checkpoint
 from infra.configurator import UserError
 from infra.progress import StopSignals, format_duration
+from infra.timing import mfu_text
 
 
 class TrainingDiverged(Exception):
@@ -38,12 +39,8 @@ class TrainingDiverged(Exception):
 
 
 def format_mfu(flops_per_second, peak):
-    """MFU against the matmul rate measured at start. Above 100% the measurement failed (a machine busy while it
-    was measured reports too low a peak), so no figure is printed as a fact."""
-    mfu = flops_per_second / peak
-    if mfu > 1.0:
-        return f"mfu ? ({100 * mfu:.0f}% of a peak measured too low: busy machine)"
-    return f"mfu {100 * mfu:.1f}%"
+    """MFU against the matmul rate measured at start, or a question mark where that measurement failed."""
+    return f"mfu {mfu_text(flops_per_second, peak)}"
 
 
 def project_run(seconds_per_eval_batch, iterations, config, device, cpu_recipe, is_cpu_recipe):
@@ -154,15 +151,13 @@ class RunControl:
         signal came during it) and decides; every process follows: save (each its RNG state), diverge, or stop."""
         self.check_losses()
         finished = self.finished(iter_num)
-        stopping, diverged, losses = self.stop, None, None
+        stopping, diverged, losses, cut_short = self.stop, None, None, False
         save = stopping and not self.config["eval_only"]
         if self.master and not stopping:
             first = iter_num == self.first_iter
             losses = evaluate(self.project if first else None)
             if losses is None:  # a signal during evaluation: save what the last step left, and stop
-                save, stopping = not self.config["eval_only"], True
-                if first and iter_num > 0:
-                    self.log("(the evaluation was cut short: a resumed run repeats it)")
+                save, stopping, cut_short = not self.config["eval_only"], True, True
             elif not all(math.isfinite(v) for v in losses.values()):
                 diverged = (f"the validation loss is {losses['val']} at iteration {iter_num}; stopped without "
                             f"saving. Last good checkpoint: {self.last_good_checkpoint()}")
@@ -187,7 +182,7 @@ class RunControl:
             saved = f"saved {os.path.join(self.out_dir, 'ckpt.pt')} at iteration {iter_num}" if save else \
                 "nothing saved"
             self.log(f"interrupted: {saved}; resume with the same command plus --init_from=resume"
-                     + (" (it repeats the evaluation that was cut short)" if save and iter_num == 0 else ""))
+                     + (" (it repeats the evaluation that was cut short)" if save and cut_short else ""))
         self.clock, self.timed_iters = time.perf_counter(), 0  # evaluation and saving are not training time
 
     def say_how_it_ended(self, iter_num):

@@ -5,9 +5,11 @@ datasheet peak; we measure the machine we are on, because a CPU's datasheet says
     median_time(fn, device)            seconds, after warm-up, the device synchronised before reading the clock
     matmul_flops_per_second(device)    the dense matmul rate: the ceiling MFU is reported against
     copy_bandwidth(device)             bytes per second of a device copy: the floor of batch-1 decoding
+    machine_name(device)               the GPU, or the CPU model and thread count: what a results file names
 
 Imported by train.py (MFU in the log line) and bench.py; it imports nothing of the project.
 """
+import platform
 import time
 
 import torch
@@ -68,3 +70,31 @@ def copy_bandwidth(device, megabytes=256, repeats=5):
     a = torch.rand(n, device=device)
     b = torch.empty_like(a)
     return 2 * a.numel() * 4 / median_time(lambda: b.copy_(a), device, repeats=repeats)
+
+
+def mfu_text(flops_per_second, peak):
+    """A model-FLOPs utilisation against a measured peak, "73.7%"; above 100% the peak's measurement failed (a
+    machine busy while it was measured reports too low a rate), and no figure is printed as a fact."""
+    mfu = flops_per_second / peak
+    if mfu > 1.0:
+        return f"? ({100 * mfu:.0f}% of a peak measured too low: busy machine)"
+    return f"{100 * mfu:.1f}%"
+
+
+def cpu_name():
+    """The processor's model name (Linux: /proc/cpuinfo), else what platform knows: figures need the machine."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_name(device):
+    """What every results file names once: the GPU, or the CPU's model and the threads torch uses."""
+    if str(device).startswith("cuda"):
+        return torch.cuda.get_device_name(device)
+    return f"{cpu_name()}, {torch.get_num_threads()} threads"

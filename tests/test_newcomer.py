@@ -45,6 +45,7 @@ def test_the_quick_start_runs_as_written_in_order(char_dataset, tmp_path):
     """In a fresh folder: the GPU-sized default on a CPU advises the recipe, Ctrl-C saves into out-bert; the
     advised recipe (tiny here: 20 iterations) is not refused, writes its own out-cpu-bert and samples."""
     assert readme_quick_start() == QUICK_START
+    os.symlink(os.path.join(ROOT, "config"), tmp_path / "config")  # a clone's folder, with the outputs kept apart
     data = f"--dataset={char_dataset}"
     masks = run_in(tmp_path, QUICK_START[1])
     assert masks.returncode == 0 and "identical: True" in masks.stdout
@@ -67,7 +68,7 @@ def test_the_quick_start_runs_as_written_in_order(char_dataset, tmp_path):
         assert "finished at iteration 20" in trained.stdout and "python sample.py --out_dir=out-cpu-" in trained.stdout
         sample = run_in(tmp_path, sample_command.replace('"', ""), "--max_new_tokens=8", "--num_samples=1")
         assert sample.returncode == 0, sample.stderr
-    assert sorted(os.listdir(tmp_path)) == ["out-bert", "out-cpu-bert", "out-cpu-gpt"]
+    assert sorted(os.listdir(tmp_path)) == ["config", "out-bert", "out-cpu-bert", "out-cpu-gpt"]
 
 
 def test_smoke_runs_write_outside_the_committed_results(tmp_path):

@@ -170,7 +170,7 @@ def test_every_objective_on_random_lengths_rates_and_seeds(specials, seed):
         g = torch.Generator().manual_seed(rng.randint(0, 10 ** 6))
         rate = rng.uniform(0.05, 0.9)
         mask_fraction = rng.uniform(0, 1)
-        settings = dict(mlm_rate=rate, mlm_mask_fraction=mask_fraction,
+        knobs = dict(mlm_rate=rate, mlm_mask_fraction=mask_fraction,
                         mlm_random_fraction=rng.uniform(0, 1 - mask_fraction), noise_density=min(rate, 0.5),
                         mean_span=rng.choice([1.0, 3.0, 8.0]),
                         ul2_mixture=tuple(rng.choice([0.0, 0.2, 1.0]) for _ in range(2)) + (0.5,))
@@ -178,9 +178,9 @@ def test_every_objective_on_random_lengths_rates_and_seeds(specials, seed):
             for name in names:
                 if name == "span_corruption" and T < (5 if arch == "prefixlm" else 3):  # 2 tokens: 1 kept, 1 noise
                     with pytest.raises(ValueError, match="longer block"):  # nothing fits: a clear error
-                        objectives.make_batch(name, w, specials, g, arch, **settings)
+                        objectives.batch_for(dict(knobs, objective=name, arch=arch), w, specials, g)
                     continue
-                b = objectives.make_batch(name, w, specials, g, arch, **settings)
+                b = objectives.batch_for(dict(knobs, objective=name, arch=arch), w, specials, g)
                 assert b.inputs.size(0) == w.size(0)
                 assert b.inputs.size(1) <= T and b.targets.size(1) <= T
                 assert b.supervised_positions() >= (0 if name == "diffusion" else 1)  # t can mask nothing
@@ -208,4 +208,4 @@ def test_every_objective_on_random_lengths_rates_and_seeds(specials, seed):
 
 def test_wrong_objective_for_arch_is_refused(specials):
     with pytest.raises(ValueError, match="does not fit"):
-        objectives.make_batch("mlm", windows_of(2, 8, specials), specials, torch.Generator(), "gpt")
+        objectives.batch_for({"objective": "mlm", "arch": "gpt"}, windows_of(2, 8, specials), specials, torch.Generator())
