@@ -116,20 +116,8 @@ def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=
         left = f", ~{format_duration(elapsed / units_done * sum(fractions[number:]))} of training left" \
             if units_done and elapsed > 1 else ""
         print(f"[train at equal FLOPs] run {number + 1}/{len(models)}: {name} ({arch}, {objective}){left}", flush=True)
-        layers = dict(n_layer=s["n_layer"] // 2 or 1, n_decoder_layer=s["n_layer"] // 2 or 1) if arch == "t5" else {}
-        iterations = max(1, round(fraction * s["gpt_iters"]))
-        args = dict(arch=arch, objective=objective, dataset=dataset, device=device,
-                    out_dir=f"{checkpoints}-{name}", n_layer=s["n_layer"],
-                    n_head=s["n_head"], n_embd=s["n_embd"], block_size=s["block_size"], batch_size=s["batch_size"],
-                    dropout=0.0, bias=False, max_iters=10 ** 9, max_flops=float(fraction * budget),
-                    lr_decay_iters=iterations, warmup_iters=min(100, iterations // 10),
-                    learning_rate=1e-3, min_lr=1e-4, beta2=0.99, eval_interval=10 ** 9, eval_iters=20,
-                    log_interval=10 ** 9, seed=seed, quiet=quiet, overwrite=True)
-        args.update(**layers, **extra, eval_iters=s["eval_iters"])
-        run_config = train.resolve_config([f"--{k}={v}" for k, v in args.items()])
-        # every model decays its learning rate over its own share of the budget: its own iteration count
-        per_step = estimate_step_flops(run_config, s, meta)
-        run_config["lr_decay_iters"] = int(fraction * budget / per_step) + 1
+        run_config = equal_flops_config((name, arch, objective, extra), fraction, s, dataset, checkpoints, device,
+                                        meta, seed, quiet, budget)
         record = os.path.join(run_config["out_dir"], "study_run.json")
         settings = {k: v for k, v in run_config.items() if k not in ("quiet", "overwrite")}
         if reuse and os.path.exists(record):
@@ -169,6 +157,25 @@ def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=
         trained[name] = result
         units_done += fraction
     return trained, budget
+
+
+def equal_flops_config(model, fraction, s, dataset, checkpoints, device, meta, seed, quiet, budget):
+    """train.py's config for one (name, arch, objective, extra settings) of train_all: the shape of scale s (t5 splits
+    its layers), `fraction` of the FLOPs budget, and a learning rate that decays over the model's own share of it
+    (its own iteration count). What a study run trains with is this, and nothing else."""
+    name, arch, objective, extra = model
+    layers = dict(n_layer=s["n_layer"] // 2 or 1, n_decoder_layer=s["n_layer"] // 2 or 1) if arch == "t5" else {}
+    iterations = max(1, round(fraction * s["gpt_iters"]))
+    args = dict(arch=arch, objective=objective, dataset=dataset, device=device, out_dir=f"{checkpoints}-{name}",
+                n_layer=s["n_layer"], n_head=s["n_head"], n_embd=s["n_embd"], block_size=s["block_size"],
+                batch_size=s["batch_size"], dropout=0.0, bias=False, max_iters=10 ** 9,
+                max_flops=float(fraction * budget), lr_decay_iters=iterations, warmup_iters=min(100, iterations // 10),
+                learning_rate=1e-3, min_lr=1e-4, beta2=0.99, eval_interval=10 ** 9, eval_iters=20,
+                log_interval=10 ** 9, seed=seed, quiet=quiet, overwrite=True)
+    args.update(**layers, **extra, eval_iters=s["eval_iters"])
+    config = train.resolve_config([f"--{k}={v}" for k, v in args.items()])
+    config["lr_decay_iters"] = int(fraction * budget / estimate_step_flops(config, s, meta)) + 1
+    return config
 
 
 def flops_budget(s, meta):

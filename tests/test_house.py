@@ -144,3 +144,24 @@ def test_the_chapter_core_imports_no_infrastructure(module):
     """masks, model, objectives and kvcache are the chapter's ideas: plain torch, readable without the rest."""
     graph = import_graph()
     assert not {m for m in graph[module] if m.startswith(("infra.", "experiments.", "data."))}, graph[module]
+
+
+def test_every_headline_number_of_the_readme_is_in_its_result_file():
+    """The README's "What was measured" table quotes committed results: each number of a row (e.g. 6.90x,
+    2.559 +- 0.021, 49.1 +- 0.5%) must appear in the result file that row links to."""
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    table = readme.split("## What was measured", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "](" in line]
+    assert len(rows) >= 8
+    missing = []
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        headline, links = cells[1], re.findall(r"\]\(([^)]+)\)", cells[-1])
+        files = "".join(open(os.path.join(ROOT, link), encoding="utf-8").read() for link in links)
+        files = files.replace(" ± ", " +- ").replace("%", "")  # "49.1% +- 0.5" and "49.1 +- 0.5%" alike
+        for number in re.findall(r"\d+(?:\.\d+)?(?: \+- \d+(?:\.\d+)?)?(?:%|x)?", headline):
+            if re.fullmatch(r"\d{1,3}", number) and "." not in number:
+                continue  # counts and sizes of the setting (16 requests, context 255, 3 TFLOP), not results
+            if number.replace("%", "").rstrip("x") not in files:
+                missing.append(f"{cells[0]}: {number}")
+    assert not missing, missing

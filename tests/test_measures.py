@@ -1,0 +1,368 @@
+"""The functions that turn trained models into the study's numbers, each read against an independent computation
+on a stand-in whose answer is known in closed form (claims B1, C2, C4, D1, D3, D5), and the training path's
+objective settings pinned to the published values (C1, C2, F1, F2), not to the tables under test."""
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import objectives
+import train
+from experiments import study
+from experiments.study_report import past_the_plateau
+
+V, T, N = 12, 24, 32  # text vocabulary, window length, windows
+LN2 = math.log(2)
+
+
+def stand_in_specials():
+    """Text ids 0..V-1, then the project's specials (the order of data/prepare_common.py)."""
+    from data.prepare_common import NUM_SENTINELS, special_token_ids
+    return objectives.Specials.from_meta({"specials": special_token_ids(V), "num_ordinary": V,
+                                          "num_sentinels": NUM_SENTINELS})
+
+
+SPECIALS = stand_in_specials()
+VOCAB = V + 106
+
+
+class StandIn:
+    """A "model" that answers by a rule: rule(ids) -> predicted ids (or a (B, T, V) float of logits over the text), at
+    every position; its logits are a peak of `sharpness` nats on that id. What the metrics call: model(inputs,
+    prefix_length=..., decoder_inputs=...)[0], model.config.arch, model.eval()."""
+
+    def __init__(self, arch, rule, sharpness=30.0):
+        self.config = type("Config", (), {"arch": arch})()
+        self.rule, self.sharpness = rule, sharpness
+
+    def eval(self):
+        return self
+
+    def __call__(self, inputs, prefix_length=None, decoder_inputs=None, **_):
+        predicted = self.rule(inputs, decoder_inputs)
+        if predicted.dtype.is_floating_point:
+            return predicted, None
+        logits = torch.zeros(*predicted.shape, VOCAB)
+        valid = (predicted >= 0) & (predicted < V)  # a rule with nothing to go on answers uniformly over the text
+        logits[valid] = self.sharpness * F.one_hot(predicted[valid], VOCAB).float()
+        return logits, None
+
+
+def counting_windows(n=N, length=T, seed=0):
+    """Every row counts: x[i + 1] = x[i] + 1 (mod V), from a random start. Each character is given away by its
+    left neighbour (x[i-1] + 1) and by its right one (x[i+1] - 1)."""
+    start = torch.randint(0, V, (n, 1), generator=torch.Generator().manual_seed(seed))
+    return (start + torch.arange(length)) % V
+
+
+def text_only(ids):
+    return torch.where(ids < V, ids, -1)  # [MASK], sentinels: nothing to go on
+
+
+def successor(inputs, decoder_inputs):  # predicts x[i + 1] from x[i]: a causal reader that knows the rule
+    return torch.where(inputs < V, (inputs + 1) % V, -1)
+
+
+def from_left_neighbour(inputs, decoder_inputs):  # a bidirectional reader that looks only left: x[i-1] + 1
+    left = torch.cat([torch.full_like(inputs[:, :1], -1), inputs[:, :-1]], dim=1)
+    return torch.where((left >= 0) & (left < V), (left + 1) % V, -1)
+
+
+def from_right_neighbour(inputs, decoder_inputs):  # a bidirectional reader that looks only right: x[i+1] - 1
+    right = torch.cat([inputs[:, 1:], torch.full_like(inputs[:, :1], -1)], dim=1)
+    return torch.where((right >= 0) & (right < V), (right - 1) % V, -1)
+
+
+def own_input(inputs, decoder_inputs):  # reads the position itself: it sees the answer only if it is not hidden
+    return text_only(inputs)
+
+
+def unigram(probabilities):
+    """A context-free model: the same distribution over the text at every position."""
+    log_p = torch.log(torch.tensor(probabilities, dtype=torch.float))
+    return lambda inputs, decoder_inputs: torch.cat([log_p, torch.full((VOCAB - V,), -1e4)]).expand(
+        *(decoder_inputs if decoder_inputs is not None else inputs).shape, VOCAB).clone()
+
+
+def bits(name, arch, rule, windows, generator_seed=0):
+    return study.second_half_bits(name, StandIn(arch, rule), windows, SPECIALS,
+                                  torch.Generator().manual_seed(generator_seed))
+
+
+# ----------------------------------------------------------------------------- the common metric and the ELBO
+
+def t5_reader(rule_on_decoder):
+    """t5's layout: the encoder reads [first half, <S0>, EOS], the decoder [PAD, <S0>, second half[:-1]]. The
+    decoder's position after <S0> is predicted from the encoder's last text character, the rest from the decoder."""
+    def rule(inputs, decoder_inputs):
+        last_text = inputs[torch.arange(inputs.size(0)), (inputs < V).sum(1) - 1]
+        out = rule_on_decoder(decoder_inputs, None)
+        out[:, 1] = (last_text + 1) % V
+        return out
+    return rule
+
+
+@pytest.mark.parametrize("arch", ["gpt", "prefixlm", "t5"])
+def test_second_half_bits_reads_each_layout_where_its_next_character_is(arch):
+    """A reader that knows the rule scores ~0 bits/char on counting windows; an off-by-one in the alignment of
+    logits and targets would score ~log2 V."""
+    windows = counting_windows()
+    rule = t5_reader(successor) if arch == "t5" else successor
+    score, _ = bits(arch, arch, rule, windows)
+    assert score < 1e-6, score
+
+
+@pytest.mark.parametrize("arch", ["gpt", "prefixlm", "t5", "bert"])
+def test_second_half_bits_of_a_context_free_model_is_its_cross_entropy(arch):
+    """For a unigram model the metric is -mean log2 p(x) over the second halves, computed here with numpy."""
+    rng = np.random.default_rng(0)
+    p = rng.dirichlet(np.ones(V))
+    windows = torch.from_numpy(rng.choice(V, size=(N, T), p=p))
+    score, _ = bits("bert" if arch == "bert" else arch, arch, unigram(p), windows)
+    expected = -np.log2(p[windows[:, T // 2:].numpy()]).mean()
+    assert score == pytest.approx(expected, rel=1e-5)
+
+
+def test_the_bidirectional_chain_rule_hides_the_future():
+    """bert and diffusion are scored left to right with [MASK] on every position not scored yet. A reader that
+    copies from the right would score 0 bits/char if the future leaked; hidden, it has nothing and scores log2 V.
+    A reader that looks left is exact (the chain rule conditions on the past)."""
+    windows = counting_windows()
+    assert bits("bert", "bert", from_left_neighbour, windows)[0] < 1e-6
+    assert bits("bert", "bert", from_right_neighbour, windows)[0] == pytest.approx(math.log2(V), rel=1e-5)
+    assert bits("bert", "bert", own_input, windows)[0] == pytest.approx(math.log2(V), rel=1e-5)
+
+
+def test_the_diffusion_elbo_weights_each_masked_position_by_one_over_t():
+    """For a context-free model every masked position costs its cross-entropy whatever the rest, so the ELBO's
+    expectation (E[masked / t] = 1 per position) is exactly the cross-entropy: log2 V for a uniform model. Weighting
+    by 1 instead of 1/t would give half of it (E[t] = 1/2). The estimate is a Monte Carlo mean: within 8%."""
+    windows = torch.randint(0, V, (4 * N, T), generator=torch.Generator().manual_seed(1))
+    uniform = unigram(np.full(V, 1 / V))
+    score, extra = bits("diffusion", "bert", uniform, windows)
+    assert score == pytest.approx(math.log2(V), rel=1e-5)  # the exact chain rule of a uniform model
+    assert extra["elbo_bits"] == pytest.approx(math.log2(V), rel=0.08)
+
+
+# ----------------------------------------------------------------------------- cloze
+
+def blanks_of(windows, k=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(windows.size(1) - 2, generator=g)[:k] + 1 for _ in range(len(windows))]
+                       ).sort(dim=1).values
+
+
+@pytest.mark.parametrize("rule, expected", [(from_left_neighbour, 1.0), (from_right_neighbour, 1.0)])
+def test_bert_cloze_sees_both_sides_of_the_blank(rule, expected):
+    windows = counting_windows()
+    result = study.cloze_accuracy("bert", StandIn("bert", rule), windows, blanks_of(windows), SPECIALS, 0)
+    assert result == {"both sides": expected}
+
+
+def test_bert_cloze_hides_the_blank_itself():
+    """A reader of its own position sees [MASK] there and answers uniformly: argmax = id 0, so its accuracy is the
+    share of blanks whose character is 0. A blank left visible would give 100%."""
+    windows = counting_windows()
+    blanks = blanks_of(windows)
+    result = study.cloze_accuracy("bert", StandIn("bert", own_input), windows, blanks, SPECIALS, 0)
+    assert result["both sides"] == pytest.approx((windows.gather(1, blanks) == 0).float().mean().item())
+
+
+def test_t5_cloze_reads_the_sentinel_from_both_sides():
+    """t5's encoder reads the window with <S0> at the blank; a reader of the character right of <S0> is exact."""
+    windows = counting_windows()
+
+    def rule(inputs, decoder_inputs):
+        sentinel = (inputs == SPECIALS.sentinels[0]).float().argmax(1)
+        right = inputs[torch.arange(inputs.size(0)), sentinel + 1]
+        out = torch.full(decoder_inputs.shape, -1)
+        out[:, 1] = (right - 1) % V
+        return out
+
+    assert study.cloze_accuracy("t5", StandIn("t5", rule), windows, blanks_of(windows), SPECIALS, 0) == \
+        {"both sides": 1.0}
+
+
+def pairs_windows(n=N, length=T, seed=0):
+    """Characters in pairs: x[2j] is uniform, x[2j+1] = x[2j]. A blank at an odd position is given away by its left
+    neighbour; at an even one only by its right neighbour."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, V, (n, length // 2), generator=g).repeat_interleave(2, dim=1)
+
+
+def pairs_markov_model():
+    """The exact joint of pairs_windows as a causal model: after an even position (index i even) the next
+    character copies it; after an odd one it is uniform. Returns (model, log p(next | x, parity) table)."""
+    copy = torch.log(torch.full((V, V), 1e-6) + torch.eye(V))
+    copy = copy - torch.logsumexp(copy, dim=1, keepdim=True)
+
+    def rule(inputs, decoder_inputs):
+        logits = torch.full((*inputs.shape, VOCAB), -1e4)
+        logits[..., :V] = 0.0  # uniform after an odd position
+        even = torch.arange(inputs.size(1)) % 2 == 0
+        logits[:, even, :V] = copy[inputs[:, even].clamp(max=V - 1)]
+        return logits
+
+    return StandIn("gpt", rule), copy
+
+
+def brute_force_bayes(windows, blanks, copy):
+    """argmax over candidates c of log p(window with c at the blank), the pairs joint written out by hand."""
+    correct = total = 0
+    for row, blank_row in zip(windows.tolist(), blanks.tolist()):
+        for b in blank_row:
+            scores = []
+            for c in range(V):
+                x = list(row)
+                x[b] = c
+                scores.append(sum(copy[x[i], x[i + 1]].item() if i % 2 == 0 else -math.log(V)
+                                  for i in range(len(x) - 1)))
+            correct += int(np.argmax(scores) == row[b])
+            total += 1
+    return correct / total
+
+
+def test_gpt_cloze_left_only_and_exact_bayes_against_a_brute_force_joint():
+    """On pairs: from the left, a blank at an odd position is copied (right), at an even one it is a guess; exact
+    Bayes scores every candidate by the whole window's likelihood, so the right neighbour gives the even ones
+    away too. Both numbers against computations written out here; a Bayes scorer that read only the left context
+    would score the left-only number."""
+    windows = pairs_windows()
+    blanks = blanks_of(windows, k=4)
+    model, copy = pairs_markov_model()
+    result = study.cloze_accuracy("gpt", model, windows, blanks, SPECIALS, bayes_windows=N)
+    odd = (blanks % 2 == 1).float()
+    truth = windows.gather(1, blanks)
+    left_only = (odd + (1 - odd) * (truth == 0).float()).mean().item()  # even: uniform, argmax = id 0
+    assert result["left only"] == pytest.approx(left_only)
+    assert result["both sides (exact Bayes)"] == pytest.approx(brute_force_bayes(windows, blanks, copy))
+    assert result["both sides (exact Bayes)"] == 1.0 and left_only < 0.7
+
+
+# ----------------------------------------------------------------------------- the plateau, the ranks, NoPE, C2
+
+def test_the_plateau_check_can_say_no():
+    data = {"unigram_reference": {"bits_per_char": 4.87},
+            "ablation": {"models": {"bert": [{"second_half_bits_per_char": 3.9}, {"second_half_bits_per_char": 4.0}],
+                                    "bert-100%-mask": [{"second_half_bits_per_char": 4.1},
+                                                       {"second_half_bits_per_char": 4.7}]}}}
+    assert past_the_plateau(data) == (False, ["bert-100%-mask"])  # 4.7 is within 0.25 of 4.87
+    data["ablation"]["models"]["bert-100%-mask"][1]["second_half_bits_per_char"] = 4.5
+    assert past_the_plateau(data) == (True, [])
+
+
+def test_rank_summary_on_matrices_of_known_singular_values():
+    """Numerical rank counts the non-zero singular values; effective rank is exp of the entropy of their shares
+    (Roy & Vetterli 2007): 2 equal ones -> 2, shares (1/2, 1/4, 1/4) -> 2^1.5."""
+    two = torch.diag(torch.tensor([1.0, 1.0, 0.0, 0.0]))[None]
+    assert study.rank_summary(two) == {"numerical": 2.0, "effective": pytest.approx(2.0)}
+    shares = torch.diag(torch.tensor([2.0, 1.0, 1.0]))[None]
+    assert study.rank_summary(shares)["effective"] == pytest.approx(2 ** 1.5)
+    assert study.rank_summary(torch.full((1, 5, 5), 0.2))["numerical"] == 1.0  # uniform bidirectional
+
+
+def test_the_rank_baselines_are_the_models_at_initialisation_and_uniform_attention():
+    from model import ModelConfig, Transformer
+    trained = {name: Transformer(ModelConfig(arch=arch, vocab_size=VOCAB, block_size=16, n_layer=1, n_head=2,
+                                             n_embd=16)) for name, arch in (("gpt", "gpt"), ("bert", "bert"))}
+    windows = counting_windows(4, 16)
+    baselines = study.attention_rank_baselines(trained, windows, seed=3)
+    torch.manual_seed(3)
+    fresh = Transformer(trained["gpt"].config).eval()  # what "at initialisation" must be: the seed's fresh weights
+    assert baselines["gpt at initialisation"] == study.attention_ranks(fresh, windows)
+    assert baselines["uniform causal"]["numerical"] == 16 and baselines["uniform bidirectional"]["numerical"] == 1
+
+
+def test_the_nope_models_are_causal_and_bidirectional_with_and_without_positions(monkeypatch):
+    """Claim D5's comparison: which model has which mask and which positions, as nope_experiment builds them."""
+    assert study.NOPE_MODELS == (("causal, NoPE", "gpt", "none"), ("bidirectional, NoPE", "bert", "none"),
+                                 ("causal, learned positions", "gpt", "learned"),
+                                 ("bidirectional, learned positions", "bert", "learned"))
+    built = []
+    real = study.Transformer
+
+    def recording(config):
+        built.append((config.arch, config.position))
+        return real(config)
+
+    monkeypatch.setattr(study, "Transformer", recording)
+    results = study.nope_experiment(1, "cpu", [0])
+    assert built == [(arch, position) for _, arch, position in study.NOPE_MODELS]
+    baselines = study.position_blind_baselines(torch.tensor([[1, 1, 2, 3, 4, 5, 6, 7], [0] * 8]))
+    assert baselines["order-blind best (the most frequent digit of the input)"] == pytest.approx((2 / 8 + 1) / 2)
+    assert set(results) >= {name for name, _, _ in study.NOPE_MODELS}
+
+
+def mask_shares(config, specials, rows=1000, length=200):
+    """What share of the supervised positions of the batches this config trains on hold [MASK], a random other
+    character, or the original character (BERT: 80 / 10 / 10)."""
+    g = torch.Generator().manual_seed(0)
+    windows = torch.randint(0, specials.num_ordinary, (rows, length + 1), generator=g)
+    batch = objectives.batch_for(config, windows, specials, g)
+    chosen = batch.targets != -100
+    inputs, original = batch.inputs[chosen], windows[:, :-1][chosen]
+    return (chosen.float().mean().item(), (inputs == specials.mask).float().mean().item(),
+            ((inputs != specials.mask) & (inputs != original)).float().mean().item())
+
+
+def test_the_c2_ablation_trains_on_80_10_10_against_100_percent_mask(specials, meta):
+    """The two models of claim C2 as the study trains them: the same config but the masking."""
+    s = study.SCALES["quick"]
+    by_name = {m[0]: m for m in study.MODELS}
+    shares = {}
+    for name in ("bert", "bert-100%-mask"):
+        run = study.study_run(by_name[name], 5e-4, 1337, "out", 2)
+        extra = {k: v for k, v in run[3].items() if k != "budget_fraction"}
+        config = study.equal_flops_config((run[0], run[1], run[2], extra), 2, s, "shakespeare_char", "out", "cpu",
+                                          meta, 1337, True, 1e9)
+        shares[name] = mask_shares(config, specials)
+    (rate, mask, random), (rate_100, mask_100, random_100) = shares["bert"], shares["bert-100%-mask"]
+    assert rate == pytest.approx(0.15, abs=0.01) and rate_100 == pytest.approx(0.15, abs=0.01)
+    other = 1 - 1 / specials.num_ordinary  # a random token is sometimes the original one
+    assert mask == pytest.approx(0.8, abs=0.02) and random == pytest.approx(0.1 * other, abs=0.02)
+    assert mask_100 == 1.0 and random_100 == 0.0
+
+
+# ----------------------------------------------------------------------------- the training path: published values
+
+def test_train_py_trains_bert_at_15_percent_with_80_10_10(specials):
+    """Devlin et al. 2019 (BERT), section 3.1: 15% of the positions chosen; of those 80% [MASK], 10% a random token,
+    10% unchanged. As train.py's default config passes them to the objective."""
+    rate, mask, random = mask_shares(train.resolve_config(["--arch=bert"]), specials)
+    assert rate == pytest.approx(0.15, abs=0.005)
+    other = 1 - 1 / specials.num_ordinary
+    assert mask == pytest.approx(0.80, abs=0.015) and random == pytest.approx(0.10 * other, abs=0.015)
+
+
+@pytest.mark.parametrize("arch", ["t5", "prefixlm"])
+def test_train_py_corrupts_15_percent_in_spans_of_mean_3(specials, arch):
+    """Raffel et al. 2020 (T5), section 3.3: noise density 15%, mean span length 3, each span one sentinel. As
+    train.py's default config makes them (t5's default objective; prefixlm's with --objective)."""
+    config = train.resolve_config([f"--arch={arch}", "--objective=span_corruption", "--block_size=256"])
+    g = torch.Generator().manual_seed(0)
+    windows = torch.randint(0, specials.num_ordinary, (64, 257), generator=g)
+    batch = objectives.batch_for(config, windows, specials, g)
+    targets = batch.targets[batch.targets != -100]
+    noise = int((targets < specials.num_ordinary).sum())
+    spans = int(torch.isin(targets, torch.tensor(specials.sentinels)).sum())
+    source = batch.inputs if arch == "t5" else \
+        batch.inputs[torch.arange(batch.inputs.size(1))[None, :] < batch.prefix_length[:, None]]  # prefixlm: its prefix
+    text = noise + int((source < specials.num_ordinary).sum())  # the text a span corruption started from
+    assert noise / text == pytest.approx(0.15, abs=0.01) and noise / spans == pytest.approx(3.0, abs=0.1)
+
+
+def test_ul2_denoisers_and_mixture_against_the_published_ones():
+    """UL2's seven denoisers as (mode, mean span, noise density), and its mode tokens: R -> [NLU], X -> [NLG],
+    S -> [S2S] (Tay et al. 2022, UL2, section 3.1; the tokens as U-PaLM, Tay et al. 2022b, section 2.3, describes the
+    UL2 design); S is the prefix LM with a random split point. The default mixture S / R / X = 50 / 25 / 25 is
+    U-PaLM's UL2R recipe ("50% PrefixLM, 25% long (extreme) span corruption, and 25% regular span corruption")."""
+    assert objectives.UL2_DENOISERS == {
+        "R-3": ("R", 3, 0.15), "R-8": ("R", 8, 0.15),
+        "X-3": ("X", 3, 0.5), "X-8": ("X", 8, 0.5), "X-64-0.15": ("X", 64, 0.15), "X-64-0.5": ("X", 64, 0.5),
+        "S": ("S", None, None)}
+    assert train.DEFAULTS["ul2_mixture"] == (0.5, 0.25, 0.25)
+    meta = {"specials": {"[NLU]": 1, "[NLG]": 2, "[S2S]": 3, "[PAD]": 0, "[EOS]": 4, "[MASK]": 5},
+            "num_ordinary": 0, "num_sentinels": 0}
+    assert objectives.Specials.from_meta(meta).modes == {"R": 1, "X": 2, "S": 3}
