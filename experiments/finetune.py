@@ -250,41 +250,47 @@ READERS = [("gpt", "last"), ("gpt", "mean"), ("bert", "mean"), ("prefixlm", "mea
            ("diffusion", "mean")]  # (study model, pooling)
 
 
-def study_backbones(config, scale, device):
-    """The study's equal-FLOPs checkpoints of gpt, bert, prefixlm, t5 and diffusion: reused when study.py (or an
-    earlier --study) left them finished in out_dir/checkpoints, else trained now with study.py's own code."""
+def study_backbones(config, scale, device, seeds):
+    """The study's equal-FLOPs checkpoints of gpt, bert, prefixlm, t5 and diffusion, one pretraining run per seed
+    (study.py's folders: <prefix>-<name> for the first seed, <prefix>-seed<seed>-<name> for the others): reused
+    when study.py (or an earlier --study) left them finished in out_dir/checkpoints, else trained now with
+    study.py's own code at the learning rates its sweep chose. Returns ({(name, seed): folder}, identities)."""
     from experiments import study as equal_compute
     s = equal_compute.SCALES[scale]
     _, meta = load_dataset(config["dataset"], s["block_size"], prepare_if_missing=True)
     budget = equal_compute.flops_budget(s, meta)
     prefix = os.path.join(config["out_dir"], "checkpoints", scale)
     wanted = [m for m in equal_compute.MODELS if m[0] in {name for name, _ in READERS}]
+    folders = {(m[0], seed): f"{prefix}-{m[0]}" if seed == seeds[0] else f"{prefix}-seed{seed}-{m[0]}"
+               for m in wanted for seed in seeds}
+    study_json = os.path.join(config["out_dir"], f"study-{scale}.json")  # the rates study.py's sweep chose
+    rates = {}
+    if os.path.exists(study_json):
+        with open(study_json) as f:
+            rates = json.load(f).get("chosen_learning_rate", {})
     missing = []
-    for model in wanted:
-        path = os.path.join(f"{prefix}-{model[0]}", "ckpt.pt")
-        if not os.path.exists(path) or torch.load(path, map_location="cpu", weights_only=False)["flops_done"] < budget:
-            missing.append(model)
+    for name, arch, objective, extra in wanted:
+        for seed in seeds:
+            path = os.path.join(folders[(name, seed)], "ckpt.pt")
+            if os.path.exists(path) and torch.load(path, map_location="cpu", weights_only=False)["flops_done"] >= budget:
+                continue
+            rate = dict(learning_rate=rates[name], min_lr=rates[name] / 10) if name in rates else {}
+            missing.append((f"{name}, seed {seed}", arch, objective,
+                            dict(extra, **rate, seed=seed, out_dir=folders[(name, seed)])))
     if missing:
-        study_json = os.path.join(config["out_dir"], f"study-{scale}.json")  # the rates study.py's sweep chose
-        rates = {}
-        if os.path.exists(study_json):
-            with open(study_json) as f:
-                rates = json.load(f).get("chosen_learning_rate", {})
-        missing = [(name, arch, objective, dict(extra, learning_rate=rates[name], min_lr=rates[name] / 10))
-                   if name in rates else (name, arch, objective, extra) for name, arch, objective, extra in missing]
-        print(f"[finetune study] pretraining {', '.join(m[0] for m in missing)} at equal FLOPs (study.py, scale "
-              f"{scale}; learning rates " + (f"from {study_json}" if rates else "1e-3: study.py has not chosen them")
+        print(f"[finetune study] pretraining {len(missing)} runs at equal FLOPs (study.py, scale {scale}; learning "
+              f"rates " + (f"from {study_json}" if rates else "1e-3: study.py has not chosen them")
               + f"); the others are reused from {prefix}-*", flush=True)
-        trained, _ = equal_compute.train_all(missing, s, config["dataset"], prefix, device, meta, config["seed"], True)
+        trained, _ = equal_compute.train_all(missing, s, config["dataset"], prefix, device, meta, seeds[0], True)
         if trained is None:  # train_all said which checkpoints are finished; they are reused next time
             raise UserError("interrupted while pretraining; rerun the same command to go on")
-    folders = {model[0]: f"{prefix}-{model[0]}" for model in wanted}
     identities = {}  # which pretraining runs the results belong to: a retrained checkpoint invalidates them
-    for name, folder in folders.items():
+    for (name, seed), folder in folders.items():
         checkpoint = torch.load(os.path.join(folder, "ckpt.pt"), map_location="cpu", weights_only=False)
-        identities[name] = {"iter_num": checkpoint["iter_num"], "seed": checkpoint["config"]["seed"],
-                            "final_val_loss": checkpoint["best_val_loss"],
-                            "written": int(os.path.getmtime(os.path.join(folder, "ckpt.pt")))}
+        identities[f"{name}, seed {seed}"] = {
+            "iter_num": checkpoint["iter_num"], "seed": checkpoint["config"]["seed"],
+            "learning_rate": checkpoint["config"]["learning_rate"], "final_val_loss": checkpoint["best_val_loss"],
+            "written": int(os.path.getmtime(os.path.join(folder, "ckpt.pt")))}
     return folders, identities
 
 
@@ -306,7 +312,8 @@ def study(config):
     device = pick_device(config["device"])
     texts = read_texts(config["dataset"])
     t0 = time.perf_counter()
-    folders, settings["checkpoints"] = study_backbones(config, scale, device)
+    seeds = [config["seed"] + k for k in range(settings["seeds"])]  # one pretraining run per seed
+    folders, settings["checkpoints"] = study_backbones(config, scale, device, seeds)
     json_path = os.path.join(config["out_dir"], f"finetune-{scale}.json")
     data = {"settings": settings, "device": device, "machine": machine_name(device), "cells": [], "baselines": {}, "frozen": [], "examples": {}}
     if os.path.exists(json_path) and not config["fresh"]:
@@ -320,7 +327,6 @@ def study(config):
                   f"(they are replaced)", flush=True)
     seconds_before = data.get("seconds", 0.0)
     done = {(c["task"], c["reader"], c["mode"], c["seed"]) for c in data["cells"]}
-    seeds = [config["seed"] + k for k in range(settings["seeds"])]
     plan = [(task, name, pooling, mode, seed) for task in TASKS for name, pooling in READERS for mode in MODES
             for seed in seeds if (task, f"{name} ({pooling})", mode, seed) not in done]
     os.makedirs(config["out_dir"], exist_ok=True)
@@ -338,9 +344,10 @@ def study(config):
                 if task not in data["baselines"]:  # the same examples for every reader: baselines once per task
                     data["baselines"][task] = baselines(task, tasks[task])
                 reader = f"{name} ({pooling})"
-                backbone = Backbone(folders[name], device)  # fresh weights: full mode changes them
-                if task == "retrieval" and not any(f["reader"] == reader for f in data["frozen"]):
-                    data["frozen"].append({"reader": reader, **score_retrieval(backbone, tasks[task], pooling)})
+                backbone = Backbone(folders[(name, seed)], device)  # fresh weights: full mode changes them
+                if task == "retrieval" and not any((f["reader"], f.get("seed")) == (reader, seed) for f in data["frozen"]):
+                    data["frozen"].append({"reader": reader, "seed": seed,
+                                           **score_retrieval(backbone, tasks[task], pooling)})
                 left = f", ~{format_duration(np.mean(cell_seconds) * (len(plan) - number))} left" if cell_seconds else ""
                 print(f"[finetune study] {number + 1}/{len(plan)}: {task}, {reader}, {mode}, seed {seed}{left}",
                       flush=True)
@@ -369,10 +376,10 @@ def study_report(data, scale):
     s = data["settings"]
     readers = [f"{name} ({pooling})" for name, pooling in READERS]
     lines = [QUICK_NOTE, ""] if scale == "quick" else []
-    lines += [f"Fine-tuning the study's equal-FLOPs checkpoints (scale `{scale}`; one pretraining run per arch), "
-             f"{s['seeds']} fine-tuning seeds (mean +- std in %; a seed sets the head's initialisation and the order "
-             f"of training examples, so the std does not include the pretraining run or the choice of evaluation "
-             f"examples, see the sampling error below). full: {s['steps']} steps of batch {s['batch_size']} at "
+    lines += [f"Fine-tuning the study's equal-FLOPs checkpoints (scale `{scale}`), {s['seeds']} seeds (mean +- std "
+             f"in %): each seed is its own pretraining run (study.py's run of that seed, at the learning rate its "
+             f"sweep chose) and sets the head's initialisation and the order of training examples, so the std "
+             f"includes pretraining; not the choice of evaluation examples (see the sampling error below). full: {s['steps']} steps of batch {s['batch_size']} at "
              f"learning rate {s['learning_rate']} (head {s['head_learning_rate']}); probe: {s['probe_steps']} "
              f"head-only steps on frozen features; retrieval's frozen row: the pooled states, untrained. Inputs of "
              f"at most {s['max_chars']} characters. t5 reads with its encoder (half its layers). On "

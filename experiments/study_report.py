@@ -103,10 +103,11 @@ def report(data, s, N, V):
                       f"examples):", "", "| model or rule | accuracy |", "|---|---|"]
         lines += [f"| {name} | {plus_minus(values, 1, True)} |" for name, values in data["nope"].items()]
     if "attention_rank" in data:
-        lines += rank_table(data["attention_rank"], data["attention_rank_baselines"], s, min(16, N))
+        lines += rank_table(data["attention_rank"], data["attention_rank_baselines"], s, min(16, N), seeds,
+                            [run["second_half_bits_per_char"] for run in data["models"]["bert"]["seeds"]])
     if "attention_rank_small_head" in data:
         small = data["attention_rank_small_head"]
-        lines += rank_table(small["ranks"], small["baselines"], s["small_head"], 16)
+        lines += rank_table(small["ranks"], small["baselines"], s["small_head"], 16, seeds)
     if "not_done" in data:
         lines += ["", f"**Interrupted: not measured: {', '.join(data['not_done'])}.**"]
     return lines
@@ -191,22 +192,36 @@ def ablation_table(data):
     return lines
 
 
-def rank_table(ranks, baselines, setting, windows_used):
-    """Markdown lines of claim D3's table: per layer, trained beside initialisation, with uniform attention."""
-    mean = lambda runs, layer, kind: float(np.mean([run[layer][kind] for run in runs]))  # noqa: E731
-    cell = lambda runs, layer: (f"{mean(runs, layer, 'numerical'):.1f} / "  # noqa: E731
+def rank_table(ranks, baselines, setting, windows_used, seeds, bits=None):
+    """Markdown lines of claim D3's table: per layer, trained beside initialisation, with uniform attention (what
+    the mask alone gives) and the share of the trained gpt-bert gap in effective rank that uniform attention
+    already has. bits: bert's bits/char per seed, printed beside its per-seed numerical ranks (did that seed learn?)."""
+    cell = lambda runs, layer: (f"{plus_minus([run[layer]['numerical'] for run in runs], 1)} / "  # noqa: E731
                                 f"{plus_minus([run[layer]['effective'] for run in runs], 1)}")
-    uniform = lambda kind: f"{baselines[0][kind]['numerical']:.1f} / {baselines[0][kind]['effective']:.1f}"  # noqa: E731
+    uniform = {kind: baselines[0][f"uniform {kind}"] for kind in ("causal", "bidirectional")}
+    mask_gap = uniform["causal"]["effective"] - uniform["bidirectional"]["effective"]
     T = setting["block_size"] - 1
     lines = ["", f"Claim D3, attention rank (T = {T}, head size {setting['n_embd'] // setting['n_head']}, "
-                 f"{setting['n_layer']} layers x {setting['n_embd']} dims; numerical rank (mean) / effective rank "
-                 f"(mean +- std over seeds), each over heads and {windows_used} windows), trained beside the same "
-                 f"models at initialisation; uniform attention gives {uniform('uniform causal')} causal and "
-                 f"{uniform('uniform bidirectional')} bidirectional:", "",
-             "| layer | gpt trained | gpt at init | bert trained | bert at init |", "|---|---|---|---|---|"]
+                 f"{setting['n_layer']} layers x {setting['n_embd']} dims; numerical rank / effective rank, each the "
+                 f"mean over heads and {windows_used} windows, then mean +- std over seeds), trained beside the same "
+                 f"models at initialisation. Uniform attention over the allowed keys (the mask alone, no learning) "
+                 f"gives {uniform['causal']['numerical']:.1f} / {uniform['causal']['effective']:.1f} causal and "
+                 f"{uniform['bidirectional']['numerical']:.1f} / {uniform['bidirectional']['effective']:.1f} "
+                 f"bidirectional; the last column is that difference as a share of the trained gpt - bert gap in "
+                 f"effective rank:", "",
+             "| layer | gpt trained | gpt at init | bert trained | bert at init | the mask's share of the gap |",
+             "|---|---|---|---|---|---|"]
     at_init = {name: [base[f"{name} at initialisation"] for base in baselines] for name in ("gpt", "bert")}
-    lines += [f"| {layer} | {cell(ranks['gpt'], layer)} | {cell(at_init['gpt'], layer)} | {cell(ranks['bert'], layer)} "
-              f"| {cell(at_init['bert'], layer)} |" for layer in range(len(ranks["gpt"][0]))]
+    for layer in range(len(ranks["gpt"][0])):
+        gap = np.mean([run[layer]["effective"] for run in ranks["gpt"]]) - \
+            np.mean([run[layer]["effective"] for run in ranks["bert"]])
+        share = f"{100 * mask_gap / gap:.0f}%" if gap > 0 else "-"
+        lines.append(f"| {layer} | {cell(ranks['gpt'], layer)} | {cell(at_init['gpt'], layer)} | "
+                     f"{cell(ranks['bert'], layer)} | {cell(at_init['bert'], layer)} | {share} |")
+    per_seed = "; ".join(
+        f"seed {seeds[number]}: " + ", ".join(f"{layer['numerical']:.0f}" for layer in run)
+        + (f" ({bits[number]:.3f} bits/char)" if bits else "") for number, run in enumerate(ranks["bert"]))
+    lines += ["", f"bert's numerical rank per layer, per seed (of {T}): {per_seed}."]
     return lines
 
 

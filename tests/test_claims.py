@@ -107,16 +107,45 @@ def worst_cycle_inconsistency(conditionals):
     return worst
 
 
+def sharpened(model, scale=4.0):
+    """Random weights made larger: conditionals far from uniform, as any set of weights may give."""
+    for p in model.parameters():
+        p.data.mul_(scale)
+    return model.eval()
+
+
+def markov_chain_joint():
+    """The exact joint of fit()'s data: x1 uniform, then each symbol repeats the previous one with p = 0.8."""
+    stay = 0.8 + 0.2 / SYMBOLS
+    step = torch.where(ALL_SEQUENCES[:, 1:] == ALL_SEQUENCES[:, :-1], stay, (1 - stay) / (SYMBOLS - 1))
+    return step.prod(1).double() / SYMBOLS
+
+
 @torch.no_grad()
-def test_mlm_conditionals_belong_to_no_joint_distribution():
-    """Claim C4: BERT's conditionals p(x_i | x_-i) are not those of any joint distribution, so they give no density.
-    The check: around every cycle of single-position changes, a joint's conditional ratios multiply to 1
-    (worst_cycle_inconsistency = 0). Positive control: the conditionals derived from gpt's joint pass it to
-    rounding (any joint's would: that half checks the checker). The measurement: a trained BERT's fail it by a wide
-    margin. Measured, not structural: a BERT that fitted the data's conditionals exactly would have consistent
-    ones (the true ones); what MLM training gives this 100-step model is a set no distribution has. (A product of
-    a joint's own conditionals does not sum to 1 either, so "BERT's pseudo-likelihood does not sum to 1" would
-    prove nothing.)"""
+def test_a_causal_lms_conditionals_always_form_a_joint_and_an_mlms_need_not():
+    """Claim C4, the structural statement. A joint's full conditionals multiply to 1 around every cycle of
+    single-position changes (worst_cycle_inconsistency = 0). The conditionals a causal LM implies come from its
+    chain-rule joint, so they pass for *any* weights (five random, sharpened initialisations here); an MLM's
+    network outputs each conditional with its own softmax, and nothing in it ties them together: for the same five
+    random weight settings they are the conditionals of no joint. The checker itself is checked on the exact
+    conditionals of the data's own Markov chain (0 to rounding)."""
+    assert worst_cycle_inconsistency(conditionals_of_joint(markov_chain_joint())) < 1e-9
+    for seed in range(5):
+        gpt = sharpened(tiny("gpt", SYMBOLS + 1, seed=seed))
+        bert = sharpened(tiny("bert", SYMBOLS + 1, seed=seed))
+        from_joint = conditionals_of_joint(gpt_log_probability(gpt, ALL_SEQUENCES).exp())
+        assert worst_cycle_inconsistency(from_joint) < 1e-9
+        assert worst_cycle_inconsistency(bert_conditionals(bert, ALL_SEQUENCES)) > 0.1
+
+
+@torch.no_grad()
+def test_a_trained_mlms_conditionals_are_those_of_no_joint():
+    """Claim C4, a measurement of one imperfect fit (not a property of MLM): BERT's conditionals after 100 steps
+    on the Markov chain fail the cycle test by a wide margin, while those derived from a gpt trained the same way
+    pass it to rounding. An MLM that fitted the chain's conditionals exactly would pass (they are a joint's: the
+    previous test's control), so this says what training gives at this size, nothing more. (A product of a joint's
+    own conditionals does not sum to 1 either, so "BERT's pseudo-likelihood does not sum to 1" would prove
+    nothing.)"""
     with torch.enable_grad():
         bert = fit(tiny("bert", SYMBOLS + 1), mask_one_position)
     from_joint = conditionals_of_joint(gpt_log_probability(trained_gpt(), ALL_SEQUENCES).exp())
