@@ -293,44 +293,64 @@ def generate(model, prompt, max_new_tokens, num_samples=1, temperature=1.0, top_
 
 # ----------------------------------------------------------------------------- bert: no cache, iterative unmasking instead
 
+UNMASK_ORDERS = ("confident", "margin", "random")
+
+
+@torch.inference_mode()
+def unmask(model, x, steps, mask_id, temperature=1.0, top_k=None, order="confident", generator=None, banned=None,
+           stop=None, region=None):
+    """Fill every [MASK] of x (B, L) (inside region = (start, end) when given) over `steps` bidirectional forward
+    passes: each pass predicts every masked position and reveals an even share of what is left, the rest staying
+    masked for the next pass; revealed tokens stay fixed. Which positions go first (`order`): "confident", the
+    highest probability of the chosen token; "margin", the largest gap between the two most probable tokens (Kim et
+    al. 2025); "random". Returns the number of forward passes; x is filled in place."""
+    if steps < 1:
+        raise ValueError("steps must be at least 1")
+    if order not in UNMASK_ORDERS:
+        raise ValueError(f"unknown unmasking order {order!r}: choose one of {', '.join(UNMASK_ORDERS)}")
+    model.eval()
+    start, end = region or (0, x.size(1))
+    passes = 0
+    for step in range(steps):
+        masked = x[:, start:end] == mask_id  # (B, n)
+        remaining = int(masked.sum(dim=1).max())
+        if remaining == 0 or stop:
+            break
+        logits = model(x)[0][:, start:end].float()  # (B, n, V)
+        passes += 1
+        B, n, V = logits.shape
+        candidates = sample_next(logits.reshape(B * n, V), temperature, top_k, generator, banned).view(B, n)
+        if order == "random":
+            score = torch.rand(B, n, generator=generator, device=logits.device)
+        elif order == "confident":
+            score = torch.softmax(logits, dim=-1).gather(-1, candidates[..., None])[..., 0]
+        else:  # margin: between the two most probable tokens that may be chosen at all
+            allowed = logits.index_fill(-1, banned, float("-inf")) if banned is not None else logits
+            top2 = torch.softmax(allowed, dim=-1).topk(2, dim=-1).values
+            score = top2[..., 0] - top2[..., 1]
+        score = score.masked_fill(~masked, -1.0)  # only masked positions compete
+        reveal = math.ceil(remaining / (steps - step))  # an even share of what is left; everything on the last step
+        chosen = torch.zeros_like(masked)
+        chosen.scatter_(1, score.topk(min(reveal, n), dim=1).indices, True)
+        chosen &= masked
+        x[:, start:end] = torch.where(chosen, candidates, x[:, start:end])
+    return passes
+
+
 @torch.inference_mode()
 def iterative_unmask(model, prompt, num_new, steps, mask_id, num_samples=1, temperature=1.0, top_k=None,
                      order="confident", block_length=0, generator=None, banned=None, stop=None):
-    """Append num_new [MASK]s after the prompt and fill them over `steps` bidirectional forward passes. Each pass
-    predicts every masked position; a share of them is revealed (the most confident, or random ones) and the rest
-    stay masked for the next pass. With block_length > 0 the masks are filled block by block, left to right
-    (semi-autoregressive), the steps split evenly between blocks. This is mask-predict for bert and the standard
-    sampler of masked diffusion; revealed tokens stay fixed. Returns (tokens, forward passes)."""
-    model.eval()
+    """bert's generation (mask-predict; the standard sampler of masked diffusion): append num_new [MASK]s after the
+    prompt and fill them with `unmask` over `steps` passes. With block_length > 0 the masks are filled block by
+    block, left to right (semi-autoregressive), the steps split evenly between blocks. Returns (tokens, passes)."""
     if steps < 1:
         raise ValueError("steps must be at least 1")
     P = prompt.size(1)
     x = torch.cat([prompt, torch.full((1, num_new), mask_id, device=prompt.device)], dim=1).repeat(num_samples, 1)
     block_length = block_length or num_new
     blocks = [(s, min(s + block_length, P + num_new)) for s in range(P, P + num_new, block_length)]
-    steps_per_block = max(1, steps // len(blocks))
     passes = 0
-    for start, end in blocks:
-        for step in range(steps_per_block):
-            masked = x[:, start:end] == mask_id  # (S, n)
-            remaining = int(masked.sum(dim=1).max())
-            if remaining == 0 or stop:
-                break
-            logits, _ = model(x)
-            passes += 1
-            logits = logits[:, start:end]  # (S, n, V)
-            S, n, V = logits.shape
-            candidates = sample_next(logits.reshape(S * n, V), temperature, top_k, generator, banned).view(S, n)
-            if order == "confident":
-                probs = torch.softmax(logits.float(), dim=-1)
-                score = probs.gather(-1, candidates[..., None])[..., 0]
-            else:
-                score = torch.rand(S, n, generator=generator, device=logits.device)
-            score = score.masked_fill(~masked, -1.0)  # only masked positions compete
-            # reveal an even share of what is left, everything on the block's last step
-            reveal = math.ceil(remaining / (steps_per_block - step))
-            chosen = torch.zeros_like(masked)
-            chosen.scatter_(1, score.topk(min(reveal, n), dim=1).indices, True)
-            chosen &= masked
-            x[:, start:end] = torch.where(chosen, candidates, x[:, start:end])
+    for region in blocks:
+        passes += unmask(model, x, max(1, steps // len(blocks)), mask_id, temperature, top_k, order, generator,
+                         banned, stop, region)
     return x, passes

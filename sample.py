@@ -21,7 +21,7 @@ import torch
 from infra.checkpoint import load_model
 from infra.configurator import UserError, apply_overrides, pick_device, run_main
 from infra.pretrained import tokenizer_for
-from kvcache import generate, iterative_unmask
+from kvcache import UNMASK_ORDERS, generate, iterative_unmask
 from objectives import Specials
 from infra.progress import StopSignals
 
@@ -38,7 +38,8 @@ DEFAULTS = dict(
     device="auto",
     no_cache=False,           # recompute the whole sequence for every new token
     steps=32,                 # bert / diffusion: forward passes of iterative unmasking
-    order="confident",        # bert / diffusion: reveal the most confident positions, or random ones
+    order="confident",        # bert / diffusion: reveal the most confident positions first, the largest top-2
+                              # margin (margin), or random ones
     block_length=0,           # bert / diffusion: > 0 = semi-autoregressive blocks left to right
     compile=False,            # gpt / prefixlm / t5: torch.compile the one-token decoding step (bench.py 4c)
 )
@@ -117,8 +118,8 @@ def check_sample_config(config, arch, prompt_tokens, block_size, objective):
         raise UserError("--temperature, --top_k and --block_length must not be negative")
     if 0 < config["temperature"] < 1e-3:
         raise UserError(f"--temperature={config['temperature']} is too small to sample with: use 0 for greedy")
-    if config["order"] not in ("confident", "random"):
-        raise UserError(f"--order={config['order']}: choose confident or random")
+    if config["order"] not in UNMASK_ORDERS:
+        raise UserError(f"--order={config['order']}: choose {', '.join(UNMASK_ORDERS)}")
     unmasking_only = [k for k in ("steps", "order", "block_length") if config[k] != DEFAULTS[k]]
     if arch != "bert" and unmasking_only:
         raise UserError(f"--{unmasking_only[0]} is for iterative unmasking (bert); {arch} generates left to right: "

@@ -36,7 +36,7 @@ from infra.dataset import get_windows, load_dataset
 from infra.parallel import Processes
 from infra.progress import Progress
 from infra.run_control import RunControl, TrainingDiverged
-from infra.timing import matmul_flops_per_second
+from infra.timing import matmul_peak
 from infra.train_config import check_objective_fits_dataset, check_training_config, model_config
 from model import Transformer, describe
 
@@ -217,7 +217,7 @@ def prepare(config):
         log(f"resuming {path} from iteration {iter_num}")
     model = torch.compile(raw_model) if config["compile"] else raw_model
     model = processes.wrap(model)  # DDP averages gradients across processes during backward
-    peak_flops = matmul_flops_per_second(device, torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+    peak_flops = matmul_peak(device, torch.bfloat16 if dtype == "bfloat16" else torch.float32)
     log(f"{describe(raw_model)}; objective {config['objective']}; device {device} ({dtype}); "
         f"measured matmul peak {peak_flops / 1e12:.3f} TFLOP/s", flush=True)
     end_iter = iter_num + planned_iterations(config, raw_model, splits, specials, iter_num)

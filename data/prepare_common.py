@@ -70,9 +70,10 @@ def special_token_ids(num_ordinary):
     return {name: num_ordinary + i for i, name in enumerate(SPECIAL_TOKENS)}
 
 
-def write_dataset(dataset_dir, ids, meta):
-    """ids: all token ids of the text; 90% train, 10% val. meta gets our special tokens added after the text
-    tokens, unless it brings its own (a published tokenizer's: pretrained.dataset_meta)."""
+def write_dataset(dataset_dir, ids, meta, train_tokens=None):
+    """ids: all token ids of the text; the first train_tokens of them (default 90%) train, the rest val. meta gets
+    our special tokens added after the text tokens, unless it brings its own (a published tokenizer's:
+    pretrained.dataset_meta)."""
     if len(ids) < 100:
         raise UserError(f"the text has only {len(ids)} tokens: too little to split into train and val")
     if "specials" not in meta:
@@ -83,7 +84,7 @@ def write_dataset(dataset_dir, ids, meta):
                         f"does not fit uint16 storage (at most {2 ** 16 - len(SPECIAL_TOKENS):,} distinct tokens): "
                         f"use a text with fewer distinct characters, or a BPE dataset")
     ids = np.asarray(ids, dtype=np.uint16)
-    n = int(0.9 * len(ids))
+    n = int(0.9 * len(ids)) if train_tokens is None else train_tokens
     meta.update(train_tokens=n, val_tokens=len(ids) - n)  # lets train.py spot a truncated .bin
     names = ("train.bin", "val.bin", "meta.pkl")
     try:

@@ -110,20 +110,25 @@ class Backbone:
         return ids.to(self.device), lengths.to(self.device)
 
 
-def pooled_features(model, ids, lengths, pooling):
-    """One vector (B, C) per input. Every reader attends to the real tokens only: bert and the t5 encoder mask the
-    padding keys; prefixlm takes the whole input as its bidirectional prefix (prefix_length = length, so the
-    padding after it is never a key of a real position); gpt's right padding comes after every real position,
-    which a causal model cannot see."""
+def hidden_states(model, ids, lengths):
+    """Every position's final state (B, T, C), as each reader reads an input. Every reader attends to the real
+    tokens only: bert and the t5 encoder mask the padding keys; prefixlm takes the whole input as its bidirectional
+    prefix (prefix_length = length, so the padding after it is never a key of a real position); gpt's right padding
+    comes after every real position, which a causal model cannot see (its state at i has read tokens 0..i only)."""
     arch = model.config.arch
     if arch == "t5":
-        hidden = model.encode(ids, lengths=lengths)
-    elif arch == "bert":
-        hidden = model.run_stack(ids, lengths=lengths)
-    elif arch == "prefixlm":
-        hidden = model.run_stack(ids, prefix_length=lengths)
-    else:
-        hidden = model.run_stack(ids)
+        return model.encode(ids, lengths=lengths)
+    if arch == "bert":
+        return model.run_stack(ids, lengths=lengths)
+    if arch == "prefixlm":
+        return model.run_stack(ids, prefix_length=lengths)
+    return model.run_stack(ids)
+
+
+def pooled_features(model, ids, lengths, pooling):
+    """One vector (B, C) per input: the last position (a causal model's only one that has read everything) or the
+    mean over the real positions."""
+    hidden = hidden_states(model, ids, lengths)
     if pooling == "last":  # claim D4's other face: only the last position of a causal model has read everything
         return hidden[torch.arange(ids.size(0), device=ids.device), lengths - 1]
     real = (torch.arange(ids.size(1), device=ids.device)[None, :] < lengths[:, None]).to(hidden.dtype)

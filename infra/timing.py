@@ -3,12 +3,14 @@ Timing on any device, and the two ceilings every speed figure is read against (n
 datasheet peak; we measure the machine we are on, because a CPU's datasheet says little about what torch reaches).
 
     median_time(fn, device)            seconds, after warm-up, the device synchronised before reading the clock
-    matmul_flops_per_second(device)    the dense matmul rate: the ceiling MFU is reported against
+    matmul_flops_per_second(device)    the dense matmul rate: the ceiling MFU is reported against (matmul_peak:
+                                       the same, measured once per process)
     copy_bandwidth(device)             bytes per second of a device copy: the floor of batch-1 decoding
     machine_name(device)               the GPU, or the CPU model and thread count: what a results file names
 
 Imported by train.py (MFU in the log line) and bench.py; it imports nothing of the project.
 """
+import functools
 import platform
 import time
 
@@ -41,9 +43,10 @@ def median_time(fn, device, repeats=5, warmup=2):
 def matmul_flops_per_second(device, dtype=torch.float32, size=None, seconds=1.0):
     """The machine's measured dense matmul rate, in bounded time (about `seconds`, whatever the dtype): the
     square size grows from 256 while one product stays short (up to 2048 on a CPU, 8192 on CUDA), then products
-    are timed until the budget is spent and the median is kept (a CPU's clock wanders; one sample is not enough).
-    Bounded, because a dtype the CPU has no fast kernel for (bfloat16 on most CPUs) can take a minute for one
-    2048^2 product."""
+    are timed until the budget is spent and the fastest is kept: a ceiling is the best the machine reached (other
+    work on a busy machine only slows products down; a median would put the ceiling too low and an MFU above
+    100%). Bounded, because a dtype the CPU has no fast kernel for (bfloat16 on most CPUs) can take a minute for
+    one 2048^2 product."""
     largest = size or (8192 if str(device).startswith("cuda") else 2048)
     generator = torch.Generator(device=device).manual_seed(0)  # private: never disturb the global RNG
 
@@ -61,7 +64,14 @@ def matmul_flops_per_second(device, dtype=torch.float32, size=None, seconds=1.0)
     times, deadline = [one], time.perf_counter() + seconds
     while len(times) < 3 or time.perf_counter() < deadline:
         times.append(time_once(lambda: a @ b, device))
-    return 2 * n ** 3 / sorted(times)[len(times) // 2]
+    return 2 * n ** 3 / min(times)
+
+
+@functools.cache
+def matmul_peak(device, dtype=torch.float32):
+    """matmul_flops_per_second, measured once per process and device: what MFU is reported against (a study that
+    trains dozens of models measures it once, not once per run)."""
+    return matmul_flops_per_second(device, dtype)
 
 
 def copy_bandwidth(device, megabytes=256, repeats=5):

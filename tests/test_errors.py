@@ -125,7 +125,7 @@ def test_sample_bad_inputs(trained_dir, tmp_path):
         ([f"--out_dir={trained_dir}", "--device=cuda"], "CUDA is not available"),
         ([f"--out_dir={trained_dir}", "--temperature=hot"], "wrong type"),
         ([f"--out_dir={trained_dir}", "--num_samples=0"], "num_samples"),
-        ([f"--out_dir={trained_dir}", "--order=sideways"], "confident or random"),
+        ([f"--out_dir={trained_dir}", "--order=sideways"], "confident, margin, random"),
         ([f"--out_dir={trained_dir}", "--temperature=1e-300"], "too small"),
         ([f"--out_dir={trained_dir}", "--compile=True", "--no_cache=True"], "drop one of them"),
     ]

@@ -97,7 +97,7 @@ def test_an_mfu_above_100_percent_is_reported_as_a_measurement_problem(char_data
     """A peak measured on a busy machine (forced here to 1 MFLOP/s) is never the base of an MFU figure above 100%."""
     assert format_mfu(0.5e12, 1e12) == "mfu 50.0%"
     assert format_mfu(3e12, 1e12).startswith("mfu ? (")
-    monkeypatch.setattr(train, "matmul_flops_per_second", lambda *args, **kwargs: 1e6)
+    monkeypatch.setattr(train, "matmul_peak", lambda *args, **kwargs: 1e6)
     train.train(train.resolve_config(tiny_args(char_dataset, str(tmp_path / "o"), max_iters=3, log_interval=1,
                                                quiet=False)))
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("iter ")]

@@ -1,0 +1,218 @@
+"""
+Question: planning with lookahead (claim X5). On path-finding in star graphs, does teacher-forced next-token
+training stay at chance while the same model trained to write the path backwards, or a masked-diffusion model,
+solves it? And does the order in which a diffusion model unmasks matter?
+
+    python experiments/planning.py               # 7 models x 3 seeds at equal FLOPs: ~20 minutes on 2 cores
+                                                 # -> results/structural/planning-cpu.{md,json}
+    python experiments/planning.py --scale=gpu   # larger graphs and model
+    python experiments/planning.py --quick       # a smoke run in seconds (the test suite runs it) -> out-quick/
+
+The task (Bachmann & Nagarajan 2024, in characters). A star graph: a centre, d arms of l - 1 nodes each, every node
+a distinct letter. One line per graph: its d(l - 1) edges "xy" (x -> y) in random order, then "/", the start (the
+centre) and the goal (the end of one arm), "=", and the path from start to goal (l letters):
+
+    bc,ad,ab,de/ae=ade
+
+From the start two arms lead away and only one reaches the goal: choosing the first step needs to look ahead,
+and every later step is "the child of the current node", which the edge list gives away. Teacher forcing trains
+exactly that later, easy step (the "Clever Hans" cheat), and a model that learns only it picks the arm at random:
+1/d. Written backwards (goal to start, "=eda"), every step is "the parent of the current node": no lookahead at
+all. Evaluation: exact match of the whole path on fresh graphs (none in the training text, tested), beside the rule
+that follows the edges from the start choosing an arm at random (1/d) and the rule that walks back from the goal
+(100%).
+
+Every objective the project has trains on the same text at equal training FLOPs (experiments/study.py's
+train_all): gpt, gpt on the reversed paths (the positive control: it must solve the task at this budget), bert
+(mlm), masked diffusion (MLM-U), prefixlm, t5 (span corruption), t5 (UL2). bert and diffusion fill the path's
+slots by unmasking, each in three orders (inference only, the same model): the most confident first, the largest
+margin between the top two probabilities first (Kim et al. 2025), random.
+"""
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/planning.py
+
+import objectives
+from experiments.study import resolve_experiment, train_all
+from experiments.structural import char_dataset, fill_slots
+from experiments.study_report import plus_minus
+from infra.configurator import QUICK_NOTE, run_main
+from infra.dataset import load_dataset
+from infra.progress import StopSignals, format_duration, format_flops, write_atomically
+from infra.timing import machine_name
+from kvcache import UNMASK_ORDERS
+
+DEFAULTS = dict(scale="cpu", quick=False, device="auto", out_dir="results/structural", seed=1337, quiet=True)
+SCALES = {  # model size and budget (gpt iterations); graphs: degree d, path length l (nodes), nodes to draw from
+    "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, gpt_iters=2000, eval_iters=10,
+                degree=2, path=4, nodes=20, train_graphs=60_000, eval_graphs=400, seeds=3),
+    "gpu": dict(n_layer=6, n_head=6, n_embd=384, block_size=128, batch_size=64, gpt_iters=10000, eval_iters=50,
+                degree=3, path=5, nodes=40, train_graphs=400_000, eval_graphs=2000, seeds=3),
+    "quick": dict(n_layer=1, n_head=2, n_embd=32, block_size=32, batch_size=4, gpt_iters=10, eval_iters=2,
+                  degree=2, path=3, nodes=8, train_graphs=300, eval_graphs=16, seeds=1),
+}
+NODE_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+CHARACTERS = NODE_LETTERS + ",/=?\n"
+MODEL_NAMES = ("gpt", "gpt-reversed", "bert", "diffusion", "prefixlm", "t5", "t5-ul2")
+PUBLISHED = ("Bachmann & Nagarajan 2024 (The Pitfalls of Next-Token Prediction): teacher-forced next-token training "
+             "stays at chance (1/d) on star graphs, the reversed target solves them. Kitouni et al. 2024 (degree 2, "
+             "paths of 4 nodes): AR 50%, AR w/ reverse 49%, MLM-U 100%. Kim et al. 2025, masked diffusion on "
+             "Sudoku: 6.88% with a random unmasking order, 89.49% with the top-2 probability margin order.")
+
+
+# ----------------------------------------------------------------------------- the task
+
+def star_graph(degree, path, nodes, rng):
+    """(line without its path, path): a centre and `degree` arms of path - 1 distinct letters; the goal ends a
+    random arm. The edges in random order."""
+    letters = rng.choice(list(NODE_LETTERS[:nodes]), 1 + degree * (path - 1), replace=False)
+    centre, arms = letters[0], letters[1:].reshape(degree, path - 1)
+    edges = [f"{a}{b}" for arm in arms for a, b in zip([centre, *arm[:-1]], arm)]
+    goal_arm = arms[rng.integers(degree)]
+    route = centre + "".join(goal_arm)
+    return f"{','.join(rng.permutation(edges))}/{centre}{goal_arm[-1]}=", route
+
+
+def make_lines(count, s, rng, exclude=frozenset()):
+    graphs = []
+    while len(graphs) < count:
+        prompt, route = star_graph(s["degree"], s["path"], s["nodes"], rng)
+        if prompt not in exclude:
+            graphs.append((prompt, route))
+    return graphs
+
+
+def text_of(graphs, reversed_paths=False):
+    return "".join(f"{prompt}{route[::-1] if reversed_paths else route}\n" for prompt, route in graphs)
+
+
+def rule_baselines(graphs, degree, rng):
+    """Under the same scoring: follow the edges from the start, choosing an arm at random (what a model that learns
+    only the teacher-forced step can do: 1/d in expectation); walk back from the goal along the parents (exact)."""
+    clever_hans = backwards = 0
+    for prompt, route in graphs:
+        edges = [(e[0], e[1]) for e in prompt.split("/")[0].split(",")]
+        start, goal = prompt.split("/")[1][:2]
+        children = {}
+        for a, b in edges:
+            children.setdefault(a, []).append(b)
+        walk, node = start, start
+        while node in children:
+            node = children[node][rng.integers(len(children[node]))]
+            walk += node
+        clever_hans += walk == route
+        parent, walk, node = {b: a for a, b in edges}, goal, goal
+        while node in parent:
+            node = parent[node]
+            walk = node + walk
+        backwards += walk == route
+    return {f"follow the edges, a random arm at the start (1/{degree})": clever_hans / len(graphs),
+            "walk back from the goal": backwards / len(graphs)}
+
+
+def evaluate(model, name, graphs, specials, stoi, reversed_paths=False):
+    """{order: exact-match accuracy of the whole path}: one entry for the left-to-right readers, one per unmasking
+    order for bert and diffusion."""
+    prompts = [prompt for prompt, _ in graphs]
+    truths = [route[::-1] if reversed_paths else route for _, route in graphs]
+    slots = list(range(len(prompts[0]), len(prompts[0]) + len(truths[0])))
+    orders = UNMASK_ORDERS if model.config.arch == "bert" else ("left to right",)
+    out = {}
+    for order in orders:
+        answers = fill_slots(model, prompts, slots, specials, stoi, order=order if order in UNMASK_ORDERS else "confident")
+        out[order] = sum(a == t for a, t in zip(answers, truths)) / len(truths)
+    return out
+
+
+# ----------------------------------------------------------------------------- the experiment
+
+def report(data, s, scale):
+    lines = [QUICK_NOTE, ""] if scale == "quick" else []
+    lines += [f"Planning with lookahead (claim X5), scale `{scale}` ({s['n_layer']} layers x {s['n_embd']} dims, "
+              f"block {s['block_size']}; t5 {s['n_layer'] // 2 or 1} + {s['n_layer'] // 2 or 1}): star graphs of "
+              f"degree {s['degree']}, paths of {s['path']} nodes drawn from {s['nodes']} letters, "
+              f"{s['train_graphs']:,} training graphs, {s['eval_graphs']} fresh evaluation graphs; "
+              f"{format_flops(data['budget_flops'])} per model (= {s['gpt_iters']} gpt iterations), "
+              f"{len(data['seeds'])} seeds ({', '.join(map(str, data['seeds']))}), on {data['machine']}, "
+              f"{data['seconds'] / 60:.1f} min. Exact match of the whole path, mean +- std over seeds; bert and "
+              f"diffusion fill the path's slots by unmasking in three orders (the same model).", "",
+              "| model | " + " | ".join(("left to right",) + UNMASK_ORDERS) + " | val loss (own objective) |",
+              "|---|" + "---|" * (len(UNMASK_ORDERS) + 2)]
+    for name in MODEL_NAMES:
+        runs = [run["models"][name] for run in data["runs"] if name in run["models"]]
+        if not runs:
+            continue
+        cells = [plus_minus([r["accuracy"][o] for r in runs], 1, percent=True) if o in runs[0]["accuracy"] else "-"
+                 for o in ("left to right",) + UNMASK_ORDERS]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {plus_minus([r['val_loss'] for r in runs], 3)} |")
+    for rule, value in data["baselines"].items():
+        lines.append(f"| (rule) {rule} | {100 * value:.1f}% | | | | |")
+    control = [min(run["models"]["gpt-reversed"]["accuracy"].values()) for run in data["runs"]
+               if "gpt-reversed" in run["models"]]
+    passed = control and min(control) >= 0.9
+    lines += ["", "Positive control (gpt on the reversed paths solves the task at this budget, >= 90% in every seed): "
+              + ("passed." if passed else "**not passed: at this budget the comparison decides nothing.**")]
+    lines += ["", f"Published: {PUBLISHED}"]
+    return "\n".join(lines)
+
+
+def main():
+    config, scale, device = resolve_experiment(DEFAULTS, SCALES)
+    s = SCALES[scale]
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(config["seed"])
+    train_graphs = make_lines(s["train_graphs"], s, rng)
+    seen = frozenset(prompt for prompt, _ in train_graphs)
+    eval_graphs = make_lines(s["eval_graphs"], s, rng, exclude=seen)
+    val_graphs = make_lines(max(200, s["train_graphs"] // 20), s, rng, exclude=seen)
+    work = os.path.join(config["out_dir"], "checkpoints", f"planning-{scale}")
+    folders = {}
+    for variant, reversed_paths in (("data", False), ("data-reversed", True)):
+        folders[variant] = os.path.join(work, variant)
+        stoi = char_dataset(folders[variant], text_of(train_graphs, reversed_paths), text_of(val_graphs, reversed_paths),
+                            CHARACTERS)
+    _, meta = load_dataset(folders["data"], s["block_size"], prepare_if_missing=False)
+    specials = objectives.Specials.from_meta(meta)
+    models = [("gpt", "gpt", "clm", {}), ("gpt-reversed", "gpt", "clm", {"dataset": folders["data-reversed"]}),
+              ("bert", "bert", "mlm", {}), ("diffusion", "bert", "diffusion", {}),
+              ("prefixlm", "prefixlm", "prefix_lm", {}), ("t5", "t5", "span_corruption", {}), ("t5-ul2", "t5", "ul2", {})]
+    seeds = [config["seed"] + k for k in range(s["seeds"])]
+    data = {"scale": scale, "machine": machine_name(device), "seeds": seeds, "runs": [],
+            "baselines": rule_baselines(eval_graphs, s["degree"], np.random.default_rng(config["seed"] + 2))}
+    budget = None
+    for number, seed in enumerate(seeds):
+        print(f"[planning] seed {number + 1}/{len(seeds)}, {format_duration(time.perf_counter() - t0)} so far", flush=True)
+        trained, budget = train_all(models, s, folders["data"], os.path.join(work, f"seed{seed}"), device, meta, seed,
+                                    config["quiet"])
+        if trained is None:  # interrupted: the seeds already finished are written below
+            break
+        try:
+            with StopSignals(immediate=True):
+                data["runs"].append({"seed": seed, "models": {
+                    name: {"val_loss": result["val_loss"],
+                           "accuracy": evaluate(result["model"].eval(), name, eval_graphs, specials, stoi,
+                                                reversed_paths=name == "gpt-reversed")}
+                    for name, result in trained.items()}})
+        except KeyboardInterrupt:
+            print(f"interrupted while evaluating seed {seed}", flush=True)
+            break
+    if not data["runs"]:
+        print("interrupted before any seed finished: nothing written")
+        return
+    data.update(budget_flops=budget, seconds=time.perf_counter() - t0)
+    text = report(data, s, scale)
+    print("\n" + text)
+    os.makedirs(config["out_dir"], exist_ok=True)
+    base = os.path.join(config["out_dir"], f"planning-{scale}")
+    write_atomically(base + ".json", json.dumps(data, indent=1))
+    write_atomically(base + ".md", text + "\n")
+    print(f"\nwrote {base}.md and .json in {format_duration(data['seconds'])}")
+
+
+if __name__ == "__main__":
+    run_main(main)

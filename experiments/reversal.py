@@ -1,0 +1,253 @@
+"""
+Question: the reversal curse (claim X4). Trained on "A is B" in one direction only, which objectives can answer
+"B is ?", and does that depend on scale, or on which tokens each objective predicts from which?
+
+    python experiments/reversal.py               # 7 models x 3 seeds at equal FLOPs: ~20 minutes on 2 cores
+                                                 # -> results/structural/reversal-cpu.{md,json}
+    python experiments/reversal.py --scale=gpu   # more entities, a larger model
+    python experiments/reversal.py --quick       # a smoke run in seconds (the test suite runs it) -> out-quick/
+
+The task, in characters (Kitouni et al. 2024's key-value retrieval, in miniature). N entities, each a unique key of
+four lowercase letters and a unique value of four capitals (disjoint alphabets). The training text states every
+fact once per repetition, in one direction only, `kxqb:MZRT`; for a training half of the entities it also holds
+their forward and backward questions, `>kxqb:MZRT` ("the value of kxqb is MZRT") and `<MZRT:kxqb` ("the key of
+MZRT is kxqb"), so every model learns the two question formats. The evaluation half's facts are in the training
+text too, but never a question about them: evaluation asks their forward question `>kxqb:` and their backward
+question `<MZRT:` (answer: four characters, exact match). Bidirectional models are also asked the fact's own line
+with the key masked, `????:MZRT` (the infill layout: B is known, fill in A). Tested: keys and values unique, no
+evaluation question in the training text, the evaluation reads exactly the answer slots.
+
+Every objective the project has trains on the same text at equal training FLOPs (experiments/study.py's
+train_all): gpt (clm), gpt on the text plus a token-reversed copy of every line (Kitouni et al.'s "AR w/
+reverse"), bert (mlm, 15%), masked diffusion (bert, the rate drawn uniformly: Kitouni et al.'s MLM-U), prefixlm
+(prefix LM), t5 (span corruption) and t5 (UL2). Each answers as it can (experiments/structural.py): left to right
+for the causal ones, unmasking the answer slots for bert and diffusion, a sentinel for t5.
+"""
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/reversal.py
+
+import objectives
+from experiments.study import resolve_experiment, train_all
+from experiments.structural import char_dataset, exact_and_per_character, fill_slots
+from experiments.study_report import plus_minus
+from infra.configurator import QUICK_NOTE, run_main
+from infra.dataset import load_dataset
+from infra.progress import StopSignals, format_duration, format_flops, write_atomically
+from infra.timing import machine_name
+
+DEFAULTS = dict(scale="cpu", quick=False, device="auto", out_dir="results/structural", seed=1337, quiet=True)
+SCALES = {  # model size and the FLOPs budget (as gpt iterations); entities: half of them asked in evaluation
+    "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, gpt_iters=1500, eval_iters=10,
+                entities=200, repetitions=60, seeds=3),
+    "gpu": dict(n_layer=6, n_head=6, n_embd=384, block_size=64, batch_size=64, gpt_iters=5000, eval_iters=50,
+                entities=2000, repetitions=60, seeds=3),
+    "quick": dict(n_layer=1, n_head=2, n_embd=32, block_size=32, batch_size=4, gpt_iters=10, eval_iters=2,
+                  entities=20, repetitions=4, seeds=1),
+}
+KEY_LETTERS, VALUE_LETTERS, LENGTH = "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ", 4
+CHARACTERS = KEY_LETTERS + VALUE_LETTERS + ":<>?\n"
+MODEL_NAMES = ("gpt", "gpt-reversed", "bert", "diffusion", "prefixlm", "t5", "t5-ul2")
+PUBLISHED = ("Kitouni et al. 2024 (The Factorization Curse, key-value retrieval, Table 5; per-character accuracy, "
+             "forward / backward): AR 100 / 0, AR w/ reverse 100 / 0, MLM at 15% 21 / 22, at 40% 17 / 16, at 85% "
+             "27 / 28, MLM-U 100 / 100. Berglund et al. 2023: GPT-4 answers 79% of celebrity-parent questions, "
+             "33% of the reverse. LLaDA (Nie et al. 2025, 8B masked diffusion), reversal poem completion: 51.8 "
+             "forward / 45.6 reversal, GPT-4o 82.7 / 34.3.")
+
+
+# ----------------------------------------------------------------------------- the task
+
+def make_entities(count, rng):
+    """count (key, value) pairs: every key and every value unique."""
+    def unique(letters):
+        seen = set()
+        while len(seen) < count:
+            seen.add("".join(rng.choice(list(letters), LENGTH)))
+        return sorted(seen)
+    keys, values = unique(KEY_LETTERS), unique(VALUE_LETTERS)
+    rng.shuffle(keys)
+    rng.shuffle(values)
+    return list(zip(keys, values))
+
+
+def training_lines(entities):
+    """(lines of the training text, the evaluation half). Every fact k:v once; the training half's forward and
+    backward questions once; the evaluation half: its facts only."""
+    half = len(entities) // 2
+    train_half, eval_half = entities[:half], entities[half:]
+    lines = [f"{k}:{v}" for k, v in entities]
+    lines += [f">{k}:{v}" for k, v in train_half] + [f"<{v}:{k}" for k, v in train_half]
+    return lines, train_half, eval_half
+
+
+def stream(lines, repetitions, rng, reversed_copies=False):
+    """The training text: the lines `repetitions` times, each repetition shuffled; with reversed_copies each line
+    is also there written backwards, character by character (Kitouni et al.'s AR w/ reverse: "dcba:ZYXW")."""
+    if reversed_copies:
+        lines = lines + [line[::-1] for line in lines]
+    out = []
+    for _ in range(repetitions):
+        out += list(rng.permutation(lines))
+    return "\n".join(out) + "\n"
+
+
+def questions(pairs):
+    """Prompts and truths for a list of (key, value): forward, backward and the backward infill of the fact."""
+    return {"forward": ([f">{k}:" for k, _ in pairs], [v for _, v in pairs]),
+            "backward": ([f"<{v}:" for _, v in pairs], [k for k, _ in pairs]),
+            "backward, infill": ([f"{'?' * LENGTH}:{v}" for _, v in pairs], [k for k, _ in pairs])}
+
+
+def slots_of(kind):
+    return list(range(LENGTH)) if kind == "backward, infill" else list(range(LENGTH + 2, 2 * LENGTH + 2))
+
+
+def evaluate(model, pairs, specials, stoi):
+    """{question kind: (exact, per-character)} for one model on (key, value) pairs; a kind the architecture
+    cannot be asked is absent."""
+    result = {}
+    for kind, (prompts, truths) in questions(pairs).items():
+        answers = fill_slots(model, prompts, slots_of(kind), specials, stoi)
+        if answers is not None:
+            result[kind] = exact_and_per_character(answers, truths)
+    return result
+
+
+def rule_baselines(entities, eval_half):
+    """What rules that read the training lines get, under the same scoring. A left-to-right reader (the answer is
+    what most often follows the longest end of the prompt that occurs in the training lines: what next-token
+    statistics can find); a lookup of the facts that reads them both ways; chance (a random key or value)."""
+    lines, _, _ = training_lines(entities)
+    follows = {}
+    for line in lines:
+        for start in range(len(line)):
+            for end in range(start + 1, len(line) - LENGTH + 1):
+                counts = follows.setdefault(line[start:end], {})
+                counts[line[end:end + LENGTH]] = counts.get(line[end:end + LENGTH], 0) + 1
+    key_of, value_of = {v: k for k, v in entities}, dict(entities)
+
+    def left_to_right(prompt):
+        for start in range(len(prompt)):
+            if prompt[start:] in follows:
+                counts = follows[prompt[start:]]
+                return max(sorted(counts), key=counts.get)
+        return ""
+
+    out = {"left-to-right reader of the text": {}, "lookup of the facts both ways": {},
+           "chance (a random key or value)": {}}
+    for kind, (prompts, truths) in questions(eval_half).items():
+        if kind != "backward, infill":  # a left-to-right reader cannot fill slots at the start of its input
+            out["left-to-right reader of the text"][kind] = exact_and_per_character(map(left_to_right, prompts), truths)
+        asked = [p[-LENGTH:] if kind == "backward, infill" else p[1:1 + LENGTH] for p in prompts]
+        lookup = value_of if kind == "forward" else key_of
+        out["lookup of the facts both ways"][kind] = exact_and_per_character([lookup[a] for a in asked], truths)
+        out["chance (a random key or value)"][kind] = (1 / len(entities), 1 / 26)
+    return out
+
+
+# ----------------------------------------------------------------------------- the experiment
+
+def report(data, s, scale):
+    kinds = ("forward", "backward", "backward, infill")
+    lines = [QUICK_NOTE, ""] if scale == "quick" else []
+    lines += [f"The reversal curse (claim X4), scale `{scale}` ({s['n_layer']} layers x {s['n_embd']} dims, block "
+              f"{s['block_size']}; t5 {s['n_layer'] // 2 or 1} + {s['n_layer'] // 2 or 1}), {s['entities']} entities "
+              f"(half asked), each training text {s['repetitions']} shuffled repetitions of its lines, "
+              f"{format_flops(data['budget_flops'])} per model (= {s['gpt_iters']} gpt iterations), "
+              f"{len(data['seeds'])} seeds ({', '.join(map(str, data['seeds']))}), on {data['machine']}, "
+              f"{data['seconds'] / 60:.1f} min. Exact match of the 4-character answer on the evaluation half's "
+              f"questions, mean +- std over seeds (in brackets: per-character accuracy, the published tables' "
+              f"measure). 'backward, infill': the fact's line with its key masked (bidirectional readers only). "
+              f"The training half's backward questions are in the training text (a control: the format is "
+              f"learnable).", "",
+              "| model | forward | backward | backward, infill | training half, backward | val loss (own objective) |",
+              "|---|---|---|---|---|---|"]
+    for name in MODEL_NAMES:
+        runs = [run["models"][name] for run in data["runs"] if name in run["models"]]
+        if not runs:
+            continue
+        cells = []
+        for kind in kinds + ("training half, backward",):
+            exact = [r["eval"][kind][0] if kind in r["eval"] else None for r in runs] if kind in kinds else \
+                [r["train_half_backward"][0] for r in runs]
+            chars = [r["eval"][kind][1] if kind in r["eval"] else None for r in runs] if kind in kinds else \
+                [r["train_half_backward"][1] for r in runs]
+            cells.append("-" if exact[0] is None else
+                         f"{plus_minus(exact, 1, percent=True)} ({plus_minus(chars, 0, percent=True)})")
+        cells.append(plus_minus([r["val_loss"] for r in runs], 3))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    for rule, scores in data["baselines"].items():
+        cells = [f"{100 * scores[k][0]:.1f}% ({100 * scores[k][1]:.0f}%)" if k in scores else "-" for k in kinds]
+        lines.append(f"| (rule) {rule} | " + " | ".join(cells) + " | | |")
+    control = [name for name in MODEL_NAMES
+               if any(run["models"].get(name, {}).get("eval", {}).get("forward", (1,))[0] < 0.9 for run in data["runs"])]
+    lines += ["", "Positive control (the task is learnable at this budget: forward >= 90% in every seed): "
+              + ("passed by every model." if not control else f"**not passed by {', '.join(control)}**: the budget "
+                                                              f"is too small for them, and their rows decide nothing.")]
+    lines += ["", f"Published: {PUBLISHED}"]
+    return "\n".join(lines)
+
+
+def main():
+    config, scale, device = resolve_experiment(DEFAULTS, SCALES)
+    s = SCALES[scale]
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(config["seed"])
+    entities = make_entities(s["entities"], rng)
+    lines, train_half, eval_half = training_lines(entities)
+    work = os.path.join(config["out_dir"], "checkpoints", f"reversal-{scale}")
+    folders = {}
+    for variant, reversed_copies in (("data", False), ("data-reversed", True)):
+        val = stream(lines, 1, np.random.default_rng(config["seed"] + 1), reversed_copies)
+        stoi = char_dataset(os.path.join(work, variant), stream(lines, s["repetitions"], rng, reversed_copies), val,
+                            CHARACTERS)
+        folders[variant] = os.path.join(work, variant)
+    _, meta = load_dataset(folders["data"], s["block_size"], prepare_if_missing=False)
+    specials = objectives.Specials.from_meta(meta)
+    models = [("gpt", "gpt", "clm", {}), ("gpt-reversed", "gpt", "clm", {"dataset": folders["data-reversed"]}),
+              ("bert", "bert", "mlm", {}), ("diffusion", "bert", "diffusion", {}),
+              ("prefixlm", "prefixlm", "prefix_lm", {}), ("t5", "t5", "span_corruption", {}), ("t5-ul2", "t5", "ul2", {})]
+    seeds = [config["seed"] + k for k in range(s["seeds"])]
+    data = {"scale": scale, "machine": machine_name(device), "seeds": seeds, "runs": [],
+            "baselines": rule_baselines(entities, eval_half)}
+    budget = None
+    for number, seed in enumerate(seeds):
+        print(f"[reversal] seed {number + 1}/{len(seeds)}, {format_duration(time.perf_counter() - t0)} so far", flush=True)
+        trained, budget = train_all(models, s, folders["data"], os.path.join(work, f"seed{seed}"), device, meta, seed,
+                                    config["quiet"])
+        if trained is None:  # interrupted: the seeds already finished are written below
+            break
+        try:
+            with StopSignals(immediate=True):
+                run = {"seed": seed, "models": {}}
+                for name, result in trained.items():
+                    model = result["model"].eval()
+                    run["models"][name] = {"val_loss": result["val_loss"],
+                                           "eval": evaluate(model, eval_half, specials, stoi),
+                                           "train_half_backward": evaluate(model, train_half, specials, stoi)["backward"]}
+                data["runs"].append(run)
+        except KeyboardInterrupt:
+            print(f"interrupted while evaluating seed {seed}", flush=True)
+            break
+    if not data["runs"]:
+        print("interrupted before any seed finished: nothing written")
+        return
+    data.update(budget_flops=budget, seconds=time.perf_counter() - t0)
+    text = report(data, s, scale)
+    print("\n" + text)
+    os.makedirs(config["out_dir"], exist_ok=True)
+    base = os.path.join(config["out_dir"], f"reversal-{scale}")
+    write_atomically(base + ".json", json.dumps(data, indent=1))
+    write_atomically(base + ".md", text + "\n")
+    print(f"\nwrote {base}.md and .json in {format_duration(data['seconds'])}")
+
+
+if __name__ == "__main__":
+    run_main(main)

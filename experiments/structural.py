@@ -1,0 +1,91 @@
+"""
+What the structural experiments (experiments/reversal.py, experiments/planning.py) share: a synthetic char-level
+dataset written like any prepared one, and the one way each architecture fills the answer slots of a question.
+
+    suffix layout   the answer follows the prompt ("kxqb>" -> "MZRT"):
+                    gpt, prefixlm  greedy, left to right (prefixlm: the prompt is its bidirectional prefix)
+                    bert           [MASK] in every slot (the line's newline after them), filled by kvcache.unmask
+                    t5             the prompt, <S0> for the slots and the newline to the encoder; the decoder writes
+                                   <S0> then the answer, greedy
+    infill layout   the slots stand inside the prompt as [MASK]s ("????>MZRT" -> "kxqb"): what only a model that
+                    reads both sides can be asked; bert unmasks them, t5 reads <S0> in their place, and gpt and
+                    prefixlm have no way to (None)
+
+Answers are exact: argmax (temperature 0) at every step, over the text characters only.
+"""
+import os
+
+import torch
+
+import kvcache
+from data.prepare_common import write_dataset
+
+
+def char_dataset(folder, train_text, val_text, characters):
+    """A prepared char-level dataset folder: train.bin holds exactly train_text, val.bin val_text (no training
+    text is lost to a 90/10 split). characters: every character the texts and the questions may hold."""
+    chars = sorted(set(characters))
+    stoi = {c: i for i, c in enumerate(chars)}
+    os.makedirs(folder, exist_ok=True)
+    ids = [stoi[c] for c in train_text + val_text]
+    write_dataset(folder, ids, {"tokenizer": "char", "num_ordinary": len(chars), "stoi": stoi, "itos": chars},
+                  train_tokens=len(train_text))
+    return stoi
+
+
+@torch.no_grad()
+def greedy_continuation(model, ids, length, text_ids):
+    """gpt / prefixlm: `length` greedy tokens after ids (B, P), recomputing the whole row each step (answers are a
+    few characters: the KV cache would change nothing but speed). prefixlm reads the prompt as its prefix."""
+    prefix = torch.full((ids.size(0),), ids.size(1), device=ids.device) if model.config.arch == "prefixlm" else None
+    for _ in range(length):
+        logits = model(ids, prefix_length=prefix)[0][:, -1]
+        ids = torch.cat([ids, text_ids[logits[:, text_ids].argmax(-1)][:, None]], dim=1)
+    return ids[:, -length:]
+
+
+@torch.no_grad()
+def fill_slots(model, prompts, slots, specials, stoi, order="confident", after="\n"):
+    """The answer each row of `prompts` gets, as strings. prompts: strings of one length; slots: the positions to
+    fill (the suffix layout: slots == len(prompt) .. len(prompt) + n - 1; else the infill layout, slots inside the
+    prompt, which hold a placeholder character). `after`: what follows the slots in the training lines (bert and
+    t5 read it; the causal readers never need it). Returns None where the architecture cannot be asked."""
+    device = next(model.parameters()).device
+    arch, P = model.config.arch, len(prompts[0])
+    itos = {i: c for c, i in stoi.items()}
+    text_ids = torch.arange(specials.num_ordinary, device=device)
+    banned = torch.arange(specials.num_ordinary, model.config.vocab_size, device=device)
+    suffix = slots == list(range(P, P + len(slots)))
+    ids = torch.tensor([[stoi[c] for c in p] for p in prompts], device=device)  # (B, P)
+    tail = torch.tensor([[stoi[c] for c in after]] * len(prompts), device=device)
+    if arch in ("gpt", "prefixlm"):
+        if not suffix:
+            return None
+        out = greedy_continuation(model, ids, len(slots), text_ids)
+    elif arch == "bert":
+        x = torch.cat([ids, torch.full((len(prompts), len(slots)), specials.mask, device=device), tail], dim=1) \
+            if suffix else torch.cat([ids, tail], dim=1)
+        x[:, slots] = specials.mask
+        kvcache.unmask(model, x, len(slots), specials.mask, temperature=0, order=order, banned=banned)
+        out = x[:, slots]
+    else:  # t5: the slots become one span, <S0>, in the encoder's input; the decoder writes the span
+        start, end = slots[0], slots[-1] + 1
+        sentinel = torch.full((len(prompts), 1), specials.sentinels[0], device=device)
+        eos = torch.full((len(prompts), 1), specials.eos, device=device)
+        encoder = torch.cat([ids[:, :start], sentinel, ids[:, end:] if not suffix else ids[:, P:], tail, eos], dim=1)
+        decoder = torch.cat([torch.full((len(prompts), 1), specials.pad, device=device), sentinel], dim=1)
+        memory = model.encode(encoder)
+        for _ in range(len(slots)):
+            logits = model.logits(model.decode(decoder, memory))[:, -1]
+            decoder = torch.cat([decoder, text_ids[logits[:, text_ids].argmax(-1)][:, None]], dim=1)
+        out = decoder[:, 2:]
+    return ["".join(itos[i] for i in row) for row in out.tolist()]
+
+
+def exact_and_per_character(answers, truths):
+    """(exact-match accuracy, per-character accuracy) of answer strings against the truth: the first is this
+    project's score, the second the one Kitouni et al. (2024) report in their retrieval table."""
+    answers = list(answers)
+    exact = sum(a == t for a, t in zip(answers, truths)) / len(truths)
+    characters = sum(x == y for a, t in zip(answers, truths) for x, y in zip(a, t)) / sum(len(t) for t in truths)
+    return exact, characters

@@ -1,0 +1,237 @@
+"""Where the others win by structure (claims X4, X5, B1): the tasks leak nothing, the evaluation reads exactly the
+answer slots, a stand-in that knows the answers scores 100% and the rules score what they must; and each
+experiment runs end to end in its quick form."""
+import json
+import os
+import re
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import objectives
+from conftest import run_script
+from data.prepare_common import NUM_SENTINELS, special_token_ids
+from experiments import planning, reversal, tagging
+from experiments.structural import exact_and_per_character, fill_slots
+
+
+def specials_and_stoi(characters):
+    chars = sorted(set(characters))
+    stoi = {c: i for i, c in enumerate(chars)}
+    specials = objectives.Specials.from_meta({"specials": special_token_ids(len(chars)), "num_ordinary": len(chars),
+                                              "num_sentinels": NUM_SENTINELS})
+    return specials, stoi
+
+
+class Oracle:
+    """A "model" that knows the answer to every prompt (answers: prompt -> answer string) and writes it where each
+    architecture's reading puts it: gpt/prefixlm at the end of what it has read so far, bert at its [MASK] slots, t5
+    in its decoder after <S0>. One peaked logit per position, the rest zero."""
+
+    def __init__(self, arch, answers, specials, stoi, slots):
+        self.config = type("Config", (), {"arch": arch, "vocab_size": specials.num_ordinary + 106})()
+        self.answers, self.specials, self.stoi, self.slots = answers, specials, stoi, slots
+        self.itos = {i: c for c, i in stoi.items()}
+        self.itos[specials.sentinels[0]] = "#"
+        self.length = len(next(iter(answers)))  # every prompt has one length
+        self.parameter = torch.nn.Parameter(torch.zeros(1))
+        # t5 reads a prompt with its slots replaced by one sentinel, "#" here
+        self.by_encoder = {p[:slots[0]] + "#" + p[slots[-1] + 1:] if slots[0] < self.length else p + "#": a
+                           for p, a in answers.items()}
+
+    def parameters(self):
+        return iter([self.parameter])
+
+    def eval(self):
+        return self
+
+    def text(self, row):
+        return "".join(self.itos.get(i, "?") for i in row)  # [MASK] and the other specials read as "?"
+
+    def peaked(self, shape, positions_and_chars):
+        logits = torch.zeros(*shape, self.config.vocab_size)
+        for (row, position), char in positions_and_chars:
+            logits[row, position, self.stoi[char]] = 30.0
+        return logits
+
+    def __call__(self, ids, prefix_length=None, decoder_inputs=None, **_):
+        out = []
+        for row, values in enumerate(ids.tolist()):
+            text = self.text(values)
+            prompt = "".join("?" if p in self.slots else c for p, c in enumerate(text[:self.length]))
+            answer = self.answers[prompt]  # (bert reveals slots as it goes: the prompt holds "?" there)
+            if self.config.arch == "bert":
+                out += [((row, p), answer[self.slots.index(p)]) for p, v in enumerate(values)
+                        if v == self.specials.mask and p in self.slots]
+            elif len(text) - self.length < len(answer):
+                out.append(((row, len(values) - 1), answer[len(text) - self.length]))
+        return self.peaked(ids.shape, out), None
+
+    # t5: the encoder passes its input on; the decoder's logits are read from it
+    def encode(self, ids):
+        return ids
+
+    def decode(self, ids, memory):
+        return ids, memory
+
+    def logits(self, hidden):
+        decoder, memory = hidden
+        out = []
+        for row, (written, source) in enumerate(zip(decoder.tolist(), memory.tolist())):
+            answer = self.by_encoder[self.text(source).split("\n")[0]]
+            if len(written) - 2 < len(answer):  # [PAD] <S0>, then the span
+                out.append(((row, len(written) - 1), answer[len(written) - 2]))
+        return self.peaked(decoder.shape, out)
+
+
+# ----------------------------------------------------------------------------- the reversal task (X4)
+
+def test_reversal_entities_are_unique_and_no_evaluation_question_is_in_the_training_text():
+    rng = np.random.default_rng(0)
+    entities = reversal.make_entities(60, rng)
+    keys, values = [k for k, _ in entities], [v for _, v in entities]
+    assert len(set(keys)) == len(set(values)) == 60
+    assert all(re.fullmatch("[a-z]{4}", k) for k in keys) and all(re.fullmatch("[A-Z]{4}", v) for v in values)
+    lines, train_half, eval_half = reversal.training_lines(entities)
+    text = reversal.stream(lines, 3, rng)
+    for k, v in eval_half:  # its fact, once per repetition; none of its questions
+        assert text.count(f"{k}:{v}\n") == 3 and f">{k}:" not in text and f"<{v}:" not in text
+    for k, v in train_half:
+        assert f">{k}:{v}\n" in text and f"<{v}:{k}\n" in text
+    reversed_text = reversal.stream(lines, 1, rng, reversed_copies=True)
+    assert f"{v[::-1]}:{k[::-1]}\n" in reversed_text and f"<{v}:" not in reversed_text.replace(f"<{v}:{k}", "")
+
+
+@pytest.mark.parametrize("arch", ["gpt", "prefixlm", "bert", "t5"])
+@pytest.mark.parametrize("kind", ["forward", "backward", "backward, infill"])
+def test_the_reversal_evaluation_reads_exactly_the_answer_slots(arch, kind):
+    """A stand-in that knows every answer scores 100% through each architecture's reading of the question; the
+    causal readers have no way to be asked the infill layout."""
+    entities = reversal.make_entities(12, np.random.default_rng(1))
+    specials, stoi = specials_and_stoi(reversal.CHARACTERS)
+    prompts, truths = reversal.questions(entities)[kind]
+    slots = reversal.slots_of(kind)
+    oracle = Oracle(arch, dict(zip(prompts, truths)), specials, stoi, slots)
+    answers = fill_slots(oracle, prompts, slots, specials, stoi)
+    if kind == "backward, infill" and arch in ("gpt", "prefixlm"):
+        assert answers is None
+    else:
+        assert exact_and_per_character(answers, truths) == (1.0, 1.0)
+
+
+def test_the_reversal_rules_score_what_reading_left_to_right_can_and_cannot():
+    entities = reversal.make_entities(40, np.random.default_rng(2))
+    _, _, eval_half = reversal.training_lines(entities)
+    rules = reversal.rule_baselines(entities, eval_half)
+    left_to_right = rules["left-to-right reader of the text"]
+    assert left_to_right["forward"] == (1.0, 1.0)  # the fact "k:v" continues ">k:"
+    assert left_to_right["backward"][0] == 0.0  # "v:" is followed by nothing in the text: the reversal curse
+    assert "backward, infill" not in left_to_right
+    assert all(score == (1.0, 1.0) for score in rules["lookup of the facts both ways"].values())
+
+
+# ----------------------------------------------------------------------------- the planning task (X5)
+
+def solve(prompt):
+    """The path a correct planner writes: walk back from the goal along the parents."""
+    edges = [(e[0], e[1]) for e in prompt.split("/")[0].split(",")]
+    start, goal = prompt.split("/")[1][:2]
+    parent, route = {b: a for a, b in edges}, goal
+    while route[0] != start:
+        route = parent[route[0]] + route
+    return route
+
+
+def test_star_graphs_are_stars_and_evaluation_graphs_are_not_in_the_training_text():
+    s = dict(planning.SCALES["cpu"], degree=3, path=4)
+    rng = np.random.default_rng(0)
+    train = planning.make_lines(500, s, rng)
+    seen = frozenset(p for p, _ in train)
+    evaluation = planning.make_lines(200, s, rng, exclude=seen)
+    assert not {p for p, _ in evaluation} & seen
+    for prompt, route in train[:100]:
+        edges = prompt.split("/")[0].split(",")
+        assert len(edges) == 3 * 3 and len(route) == 4 and prompt.endswith(f"{route[0]}{route[-1]}=")
+        nodes = "".join(edges)
+        assert len(set(nodes)) == 1 + 3 * 3 and nodes.count(route[0]) == 3  # the centre starts every arm
+        assert solve(prompt) == route
+
+
+def test_the_planning_rules_are_chance_and_exact():
+    s = dict(planning.SCALES["cpu"], degree=2)
+    graphs = planning.make_lines(2000, s, np.random.default_rng(3))
+    rules = planning.rule_baselines(graphs, 2, np.random.default_rng(4))
+    assert rules["walk back from the goal"] == 1.0
+    assert abs(rules["follow the edges, a random arm at the start (1/2)"] - 0.5) < 0.04
+
+
+@pytest.mark.parametrize("arch", ["gpt", "prefixlm", "bert", "t5"])
+def test_the_planning_evaluation_reads_the_path_slots(arch):
+    """A planner that solves every graph scores 100% through each architecture's reading; one that follows the
+    edges from the start taking the first arm listed is right only where that arm is the goal's."""
+    s = planning.SCALES["cpu"]
+    graphs = planning.make_lines(40, s, np.random.default_rng(5))
+    specials, stoi = specials_and_stoi(planning.CHARACTERS)
+    start = len(graphs[0][0])
+    slots = list(range(start, start + len(graphs[0][1])))
+    solver = Oracle(arch, {prompt: solve(prompt) for prompt, _ in graphs}, specials, stoi, slots)
+    assert set(planning.evaluate(solver, arch, graphs, specials, stoi).values()) == {1.0}
+
+    def first_arm(prompt):
+        edges = [(e[0], e[1]) for e in prompt.split("/")[0].split(",")]
+        node = route = prompt[-3]
+        while any(a == node for a, _ in edges):
+            node = next(b for a, b in edges if a == node)
+            route += node
+        return route
+
+    clever = Oracle(arch, {prompt: first_arm(prompt) for prompt, _ in graphs}, specials, stoi, slots)
+    expected = sum(first_arm(p) == r for p, r in graphs) / len(graphs)
+    assert set(planning.evaluate(clever, arch, graphs, specials, stoi).values()) == {expected}
+    assert 0 < expected < 1
+
+
+# ----------------------------------------------------------------------------- the tagging labels (B1)
+
+def test_tagging_labels_are_decided_by_the_right_context():
+    text = "The king, Ab: go\nNow"
+    labels, decided = tagging.labels_of(text)
+    ends, long, capital = labels
+    letters = [i for i, c in enumerate(text) if c.isalpha()]
+    assert [i for i in letters if ends[i] == 1] == [2, 7, 11, 15, 19]  # e, g, b, o, w
+    assert all(labels[k, i] == -1 for k in range(3) for i in range(len(text)) if not text[i].isalpha())
+    assert [long[i] for i in range(4, 8)] == [0, 0, 0, 0]  # "king": four letters
+    assert capital[4] == 1 and capital[10] == 0 and capital[14] == 1  # king -> Ab, Ab -> go, go -> Now
+    assert decided[0, 4] == 5 and decided[2, 4] == 10  # the next character; the next word's first letter
+
+
+def test_the_both_sides_rule_reads_a_word_end_and_the_prefix_rule_cannot():
+    # words whose last letter also stands inside longer ones: the prefix cannot tell where a word ends
+    text = " ".join(np.random.default_rng(6).choice(["ab", "abc", "abcd", "ba", "bab"], 3000).tolist())
+    rng = np.random.default_rng(7)
+    train = (text, *tagging.windows_of(text, 300, 16, rng))
+    evaluation = (text, *tagging.windows_of(text, 200, 16, rng))
+    both, size = tagging.best_rule(train, evaluation, 16, "both sides")
+    prefix, _ = tagging.best_rule(train, evaluation, 16, "the prefix")
+    assert both[0] == pytest.approx(1.0) and size[1] >= 1  # "ends a word": the next character decides
+    assert prefix[0] < 0.99
+
+
+# ----------------------------------------------------------------------------- end to end
+
+@pytest.mark.parametrize("name", ["reversal", "planning", "tagging"])
+def test_each_structural_experiment_runs_end_to_end(name, char_dataset, tmp_path):
+    args = ["--quick", f"--out_dir={tmp_path}"]
+    if name == "tagging":  # the quick study's checkpoints, pretrained here (seconds) on the test text
+        args += [f"--dataset={char_dataset}", f"--study_dir={tmp_path / 'study'}"]
+    result = run_script(f"experiments/{name}.py", *args)
+    assert result.returncode == 0, result.stderr[-2000:]
+    data = json.loads((tmp_path / f"{name}-quick.json").read_text())
+    text = (tmp_path / f"{name}-quick.md").read_text()
+    assert "smoke run" in text and "|" in text and data["machine"]
+    if name != "tagging":
+        assert set(data["runs"][0]["models"]) == set(getattr({"reversal": reversal, "planning": planning}[name],
+                                                           "MODEL_NAMES"))
+        assert "Published:" in text
