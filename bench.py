@@ -24,11 +24,14 @@ import sys
 import tempfile
 import time
 
+import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while it loads ends quietly)
+
 import torch
 import torch.nn.functional as F
 
-from infra.configurator import QUICK_NOTE, QUICK_OUTPUT, UserError, apply_overrides, pick_device, run_main
-from infra.progress import Progress, StopSignals, format_duration, write_atomically
+from infra.configurator import (QUICK_NOTE, QUICK_OUTPUT, UserError, apply_overrides, check_compiler, pick_device,
+                                run_main)
+from infra.progress import Progress, StopSignals, check_writable, format_duration, write_atomically
 from infra.timing import copy_bandwidth, machine_name, matmul_flops_per_second, median_time, mfu_text, time_once
 
 SECTIONS = ("ceilings", "training", "attention", "decoding", "prefix")
@@ -482,24 +485,20 @@ def steadiness(device, size, results):
 
 
 def check_out_path(out):
-    """--out is the JSON file; the markdown and PNG go beside it. Find out now, not after the run, if it cannot be
-    written."""
+    """--out is the JSON file; the markdown and PNG go beside it. Find out now, not after the run, if one of them
+    cannot be written."""
     if not out.endswith(".json"):
         raise UserError(f"--out={out} must name a .json file (the markdown and PNG are written beside it)")
-    if os.path.isdir(out):
-        raise UserError(f"--out={out} is a folder: name a .json file, e.g. {os.path.join(out, 'bench.json')}")
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        with open(out + ".tmp", "w"):
-            pass
-        os.remove(out + ".tmp")
-    except OSError as e:
-        raise UserError(f"cannot write --out={out} ({e.strerror}): choose another path")
+    base = os.path.splitext(out)[0]
+    check_writable([out, base + ".md", base + ".png"], "--out")
 
 
 def main():
     config = apply_overrides(DEFAULTS, sys.argv[1:])
     chosen = SECTIONS if config["sections"] == "all" else tuple(x.strip() for x in config["sections"].split(","))
+    if "" in chosen:
+        raise UserError(f"--sections={config['sections']!r} has an empty name: a comma-separated list of "
+                        f"{', '.join(SECTIONS)}, or all")
     unknown = [x for x in chosen if x not in SECTIONS]
     if unknown:
         raise UserError(f"unknown section(s) {', '.join(unknown)}: choose from {', '.join(SECTIONS)} or all")
@@ -518,6 +517,8 @@ def main():
     results = {"device": device, "machine": machine, "torch": torch.__version__,
                "sizes": {k: str(v) for k, v in size.items()}}
     compiled_rows = config["compile"]
+    if compiled_rows:
+        check_compiler(device, "the compiled rows (--compile=False skips them)")
     if compiled_rows and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
         # compile times as a user's first run pays them: an empty cache of compiled kernels, removed at the end
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = kernel_cache = tempfile.mkdtemp(prefix="bench-inductor-")

@@ -328,7 +328,7 @@ def unmask(model, x, steps, mask_id, temperature=1.0, top_k=None, order="confide
             allowed = logits.index_fill(-1, banned, float("-inf")) if banned is not None else logits
             top2 = torch.softmax(allowed, dim=-1).topk(2, dim=-1).values
             score = top2[..., 0] - top2[..., 1]
-        score = score.masked_fill(~masked, -1.0)  # only masked positions compete
+        score = score.masked_fill(~masked, float("-inf"))  # only masked positions compete, whatever the scale
         reveal = math.ceil(remaining / (steps - step))  # an even share of what is left; everything on the last step
         chosen = torch.zeros_like(masked)
         chosen.scatter_(1, score.topk(min(reveal, n), dim=1).indices, True)

@@ -12,6 +12,9 @@ torch.nn.functional.scaled_dot_product_attention (SDPA) takes through `attention
 Run `python masks.py` to see the masks as ASCII grids, and claim A2: flattened, the prefix-LM mask and the
 encoder-decoder pattern have the same shape.
 """
+import os
+import sys
+
 import torch
 
 ATTENTION_KINDS = ("causal", "bidirectional", "prefix")
@@ -117,7 +120,8 @@ def side_by_side(blocks, gap=4):
     return "\n".join(line.rstrip() for line in lines)
 
 
-if __name__ == "__main__":
+def demo():
+    """What `python masks.py` prints: the masks as grids, and claim A2."""
     T, P = 8, 3
     print(f"The four masks for T={T} (rows = queries, columns = keys, # = may attend), prefix length {P}:\n")
     decoder = encoder_decoder_masks(P, T - P)
@@ -139,3 +143,15 @@ if __name__ == "__main__":
           "(is_causal=True would align top-left):\n")
     print(side_by_side([show(causal_mask(3, 8), "bottom-right (correct)"),
                         show(torch.ones(3, 8, dtype=torch.bool).tril(), "top-left (is_causal=True)")]))
+
+
+if __name__ == "__main__":
+    try:
+        demo()
+        sys.stdout.flush()
+    except BrokenPipeError:  # python masks.py | head: the reader has seen enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError as e:  # python masks.py > /dev/full
+        print(f"masks.py: error: cannot write to standard output ({e.strerror})", file=sys.stderr)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

@@ -512,6 +512,6 @@ def add_position_bias(attn_mask, is_causal, position_bias, query_length, key_len
 
 
 if __name__ == "__main__":
-    for preset in ("gpt2", "bert-base", "t5-small"):
+    for preset in ("gpt2", "bert-base", "t5-small"):  # the published sizes, built without memory (meta device)
         with torch.device("meta"):
-            print(f"{preset:10s} {describe(Transformer(config_from_preset(preset)))}")
+            print(f"{preset:10s} {describe(Transformer(config_from_preset(preset)))}", flush=True)

@@ -16,10 +16,12 @@ import os
 import sys
 import time
 
+import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while it loads ends quietly)
+
 import torch
 
 from infra.checkpoint import load_model
-from infra.configurator import UserError, apply_overrides, pick_device, run_main
+from infra.configurator import UserError, apply_overrides, check_compiler, pick_device, read_text_file, run_main
 from infra.pretrained import tokenizer_for
 from kvcache import UNMASK_ORDERS, generate, iterative_unmask
 from objectives import Specials
@@ -48,20 +50,8 @@ DEFAULTS = dict(
 # ----------------------------------------------------------------------------- the command
 
 def read_prompt(start):
-    if start.startswith("FILE:"):
-        path = start[5:]
-        if os.path.isdir(path):
-            raise UserError(f"prompt file {path} is a folder: pass FILE:<path of a text file>")
-        if not os.path.exists(path):
-            raise UserError(f"prompt file {path} not found")
-        if not os.path.isfile(path):
-            raise UserError(f"prompt file {path} is not a regular file (a device or a pipe): pass a text file")
-        try:
-            with open(path, encoding="utf-8") as f:
-                return f.read()
-        except UnicodeDecodeError:
-            raise UserError(f"prompt file {path} is not UTF-8 text") from None
-    return start
+    """--start: the prompt as typed, or FILE:path to read it from a text file."""
+    return read_text_file(start[5:], "prompt file") if start.startswith("FILE:") else start
 
 
 COMPILED_NOTE = ", compiled decoding step (the time includes compiling it: seconds, once per process)"
@@ -137,7 +127,9 @@ def check_sample_config(config, arch, prompt_tokens, block_size, objective):
     elif arch == "t5" and objective == "span_corruption":
         extra = 2
     if prompt_tokens + extra > block_size:
-        raise UserError(f"the prompt has {prompt_tokens} tokens but the model's context is {block_size}: shorten it")
+        added = {1: " + UL2's mode token", 2: " + t5's sentinel and [EOS]"}.get(extra, "")
+        raise UserError(f"the prompt has {prompt_tokens} tokens{added}, but the model's context is {block_size}: "
+                        f"shorten it")
     if arch == "bert" and prompt_tokens + config["max_new_tokens"] > block_size:
         raise UserError(f"bert fills masks inside its context: prompt ({prompt_tokens}) + --max_new_tokens "
                         f"({config['max_new_tokens']}) must be at most {block_size}")
@@ -160,6 +152,8 @@ def check_memory(model, config, prompt_tokens):
 def main():
     config = apply_overrides(DEFAULTS, sys.argv[1:])
     device = pick_device(config["device"])
+    if config["compile"]:
+        check_compiler(device)
     if config["init_from"]:  # published weights (pretrained.py); transformers is needed only here
         from infra.pretrained import load_for_sampling
         model, tokenizer, specials = load_for_sampling(config["init_from"], device)

@@ -24,6 +24,8 @@ from contextlib import nullcontext
 from dataclasses import asdict
 from types import SimpleNamespace
 
+import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while it loads ends quietly)
+
 import numpy as np
 import torch
 
@@ -31,7 +33,7 @@ import objectives
 from objectives import batch_for
 from infra.checkpoint import (CheckpointWriteFailed, check_resume, load_checkpoint, model_from_checkpoint,
                               restore_training_state, rng_state)
-from infra.configurator import UserError, apply_overrides, run_main
+from infra.configurator import UserError, apply_overrides, check_compiler, run_main
 from infra.dataset import get_windows, load_dataset
 from infra.parallel import Processes
 from infra.progress import Progress
@@ -196,6 +198,8 @@ def prepare(config):
     the optimizer and every random-number generator, restored exactly when resuming."""
     processes = Processes(config)  # one process, or one of several under torchrun
     device = processes.device
+    if config["compile"]:
+        check_compiler(device)
     log = print if processes.master and not config["quiet"] else (lambda *a, **k: None)
     micro_steps = processes.micro_steps(config["gradient_accumulation_steps"])
     checkpoint, splits, meta, specials = load_data(config, processes)

@@ -10,10 +10,13 @@ import pickle
 import sys
 import urllib.request
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-from infra.configurator import UserError, apply_overrides, run_main  # noqa: E402,F401
+import infra.quiet_interrupts  # noqa: E402,F401  (before numpy and torch: a Ctrl-C while they load ends quietly)
+
+import numpy as np  # noqa: E402
+
+from infra.configurator import UserError, apply_overrides, read_text_file, run_main  # noqa: E402,F401
+from infra.dataset import written_here  # noqa: E402
 
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 NUM_SENTINELS = 100  # as T5 (extra_ids=100)
@@ -26,14 +29,8 @@ def parse_args(argv, **defaults):
 
 
 def read_text(input_path, dataset_dir):
-    if input_path:
-        if not os.path.isfile(input_path):
-            raise UserError(f"--input={input_path} does not exist: point it at a copy of Tiny Shakespeare's input.txt")
-        try:
-            with open(input_path, encoding="utf-8") as f:
-                return f.read()
-        except UnicodeDecodeError:
-            raise UserError(f"--input={input_path} is not UTF-8 text") from None
+    if input_path:  # missing, a folder, a pipe, not UTF-8: each said as such
+        return read_text_file(input_path, "--input", "point it at a copy of Tiny Shakespeare's input.txt")
     cached = os.path.join(dataset_dir, "input.txt")
     if not os.path.exists(cached):
         try:
@@ -92,13 +89,17 @@ def write_dataset(dataset_dir, ids, meta, train_tokens=None):
             part.tofile(os.path.join(dataset_dir, name + ".tmp"))
         with open(os.path.join(dataset_dir, "meta.pkl.tmp"), "wb") as f:
             pickle.dump(meta, f)
-    except BaseException:  # a full disk or Ctrl-C: no half-written files left behind
+    except BaseException as e:  # a full disk, a read-only folder, Ctrl-C or SIGTERM: nothing half-written left
         for name in names:
             if os.path.exists(os.path.join(dataset_dir, name + ".tmp")):
                 os.remove(os.path.join(dataset_dir, name + ".tmp"))
+        if isinstance(e, OSError):
+            raise UserError(f"cannot write the dataset into {dataset_dir} ({e.strerror}): nothing written; free "
+                            f"space or choose a writable folder") from None
         raise
     for name in names:  # meta last: its presence means "prepared"
         os.replace(os.path.join(dataset_dir, name + ".tmp"), os.path.join(dataset_dir, name))
+        written_here(os.path.join(dataset_dir, name))
     vocabulary = f"{meta['tokenizer']}'s" if "tokenizer_family" in meta else \
         f"{meta['num_ordinary']} text + {meta['vocab_size'] - meta['num_ordinary']} special"
     print(f"{dataset_dir}: {n:,} train and {len(ids) - n:,} val tokens, vocabulary {meta['vocab_size']} ({vocabulary})")

@@ -8,14 +8,19 @@ A check fails on the untouched tree (the feature is missing) and passes for any 
 against an explicit reference computation, an invariant, or a measured effect with a wide margin. Each runs in
 seconds on a CPU (tiny models, no downloads).
 """
+import contextlib
+import io
 import math
 import os
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python exercises/check.py
+import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while it loads ends quietly)
 
 import torch  # noqa: E402
+
+from infra.configurator import UserError, run_main  # noqa: E402
 
 TITLES = {
     1: "sliding-window attention", 2: "break the cache on purpose", 3: "BERT at 40% and 100% masking",
@@ -53,7 +58,6 @@ def cached_equals_recomputed(model, ids, tolerance=1e-4):
 
 def training_config(*argv):
     import train
-    from infra.configurator import UserError
     try:
         return train.resolve_config(list(argv))
     except UserError as e:
@@ -64,8 +68,10 @@ def char_dataset(folder, text):
     from data.prepare_common import write_dataset
     chars = sorted(set(text))
     stoi = {c: i for i, c in enumerate(chars)}
-    write_dataset(folder, [stoi[c] for c in text], {"tokenizer": "char", "num_ordinary": len(chars), "stoi": stoi,
-                                                    "itos": chars})
+    os.makedirs(folder, exist_ok=True)
+    with contextlib.redirect_stdout(io.StringIO()):  # its "prepared" line is not the check's
+        write_dataset(folder, [stoi[c] for c in text], {"tokenizer": "char", "num_ordinary": len(chars),
+                                                        "stoi": stoi, "itos": chars})
     return folder
 
 
@@ -113,7 +119,7 @@ def check_2():
         raise Unsolved("kvcache.bidirectional_cache_error takes no prefix_length yet") from None
     expect(after["logit_difference"] < 1e-5, f"appending after the prefix should be exact, differs by "
                                              f"{after['logit_difference']:.2e}")
-    expect(inside["logit_difference"] > 1e-3 and inside["earlier_hidden_change"] > 1e-3,
+    expect(inside["earlier_hidden_change"] > 1e-3 and inside["logit_difference"] > 1e-5,
            "appending inside the prefix must change the cached positions (a cache cannot be right there)")
 
 
@@ -184,9 +190,9 @@ def check_5():
         text = "".join(("abcde fgh " * 3 + "ij, kl.\n") for _ in range(400))  # structure that predicts itself
         char_dataset(folder, text)
         config = training_config(f"--dataset={folder}", f"--out_dir={folder}/out", "--objective=rclm", "--n_layer=1",
-                                 "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=8", "--max_iters=60",
-                                 "--lr_decay_iters=60", "--eval_interval=30", "--eval_iters=4", "--device=cpu",
-                                 "--dropout=0.0", "--quiet=True", "--learning_rate=3e-3")
+                                 "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=8", "--max_iters=100",
+                                 "--lr_decay_iters=100", "--eval_interval=50", "--eval_iters=4", "--device=cpu",
+                                 "--dropout=0.0", "--quiet=True", "--learning_rate=1e-2")
         result = train.train(config)
     counts = torch.bincount(torch.tensor([ord(c) for c in text])).float()
     entropy = -(counts[counts > 0] / counts.sum() * torch.log(counts[counts > 0] / counts.sum())).sum().item()
@@ -267,7 +273,6 @@ def check_9():
     """finetune.py --pooling=echo (gpt): the input read twice, the mean of the second copy's states (each of them
     has read the whole first copy); refused for the bidirectional readers."""
     from experiments import finetune
-    from infra.configurator import UserError
     model = tiny("gpt", block=32)
     ids = torch.randint(0, 20, (3, 8), generator=torch.Generator().manual_seed(9))
     lengths = torch.tensor([8, 5, 6])
@@ -355,25 +360,31 @@ CHECKS = {number: globals()[f"check_{number}"] for number in TITLES}
 
 
 def main(argv):
-    numbers = [int(a) for a in argv if a.isdigit() and int(a) in CHECKS]
-    if not numbers or len(numbers) != len(argv):
-        print(f"usage: python exercises/check.py N [N ...] with N in 1..{len(CHECKS)}", file=sys.stderr)
-        return 2
+    if argv in (["-h"], ["--help"]):
+        print(__doc__.strip() + "\n\n" + "\n".join(f"  {n:2d}  {title}" for n, title in TITLES.items()))
+        return
+    numbers = list(dict.fromkeys(int(a) for a in argv if a.isdigit() and int(a) in CHECKS))  # each once, in order
+    if not numbers or len(numbers) != len(set(argv)):
+        raise UserError(f"pass the numbers of exercises, 1 to {len(CHECKS)} (python exercises/check.py 3, or 1 2 3; "
+                        f"--help lists them), not {' '.join(argv) or 'nothing'}")
     torch.set_num_threads(min(2, torch.get_num_threads()))
     solved = True
     for number in numbers:
         try:
             CHECKS[number]()
-            print(f"exercise {number} ({TITLES[number]}): solved")
+            print(f"exercise {number} ({TITLES[number]}): solved", flush=True)
         except Unsolved as e:
             solved = False
-            print(f"exercise {number} ({TITLES[number]}): not solved: {e}")
+            print(f"exercise {number} ({TITLES[number]}): not solved: {e}", flush=True)
+        except (KeyboardInterrupt, BrokenPipeError):
+            raise
         except Exception as e:  # the feature half there: its error, as one line
             solved = False
             message = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-            print(f"exercise {number} ({TITLES[number]}): not solved: {type(e).__name__}: {message}")
-    return 0 if solved else 1
+            print(f"exercise {number} ({TITLES[number]}): not solved: {type(e).__name__}: {message}", flush=True)
+    if not solved:
+        sys.exit(1)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    run_main(lambda: main(sys.argv[1:]), interrupted="the checks finished are printed above; none changed a file")

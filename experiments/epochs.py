@@ -39,15 +39,16 @@ import shutil
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/epochs.py
+import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while it loads ends quietly)
+
 import numpy as np
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/epochs.py
 
 import objectives
 import train
 from infra.configurator import QUICK_NOTE, UserError, run_main
-from infra.dataset import get_windows, load_dataset
+from infra.dataset import get_windows, load_dataset, written_here
 from infra.progress import StopSignals, format_duration, write_atomically
 from infra.timing import machine_name
 from experiments.study import character_frequency_bits, resolve_experiment, second_half_bits
@@ -90,6 +91,8 @@ def budget_dataset(splits, meta, unique_tokens, folder):
     val_tokens = os.path.getsize(splits["val"]) // 2
     with open(os.path.join(folder, "meta.pkl"), "wb") as f:
         pickle.dump(dict(meta, train_tokens=unique_tokens, val_tokens=val_tokens), f)
+    for split in ("train", "val"):
+        written_here(os.path.join(folder, f"{split}.bin"))
     return folder
 
 
@@ -258,7 +261,7 @@ def seconds_left(timings, todo):
 # ----------------------------------------------------------------------------- the experiment
 
 def main():
-    config, scale, device = resolve_experiment(DEFAULTS, SCALES)
+    config, scale, device = resolve_experiment(DEFAULTS, SCALES, "epochs")
     s = SCALES[scale]
     splits, meta = load_dataset(config["dataset"], s["block_size"], prepare_if_missing=True)
     if meta["tokenizer"] != "char":  # the budget and the metric are in characters
@@ -323,4 +326,4 @@ def main():
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_main(main, interrupted="the finished runs are kept: the same command goes on from them")

@@ -30,16 +30,17 @@ import os
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/finetune.py
+import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while it loads ends quietly)
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/finetune.py
-
-from infra.checkpoint import load_model
+from infra.checkpoint import load_checkpoint, load_model
 from infra.configurator import QUICK_NOTE, UserError, apply_overrides, check_seed, output_folder, pick_device, run_main
 from infra.dataset import load_dataset
-from infra.progress import StopSignals, format_duration, write_atomically
+from infra.progress import StopSignals, check_writable, format_duration, write_atomically
 from infra.timing import machine_name
 from experiments.study_report import mean_std
 from experiments.tasks import CANDIDATES, TASKS, baselines, classification_scores, make_task, read_texts, retrieval_scores
@@ -67,9 +68,10 @@ class Backbone:
 
     def __init__(self, init_from, device):
         self.suffix = []  # ids appended to every input
-        path = os.path.join(init_from, "ckpt.pt")
+        path = init_from if os.path.isfile(init_from) else os.path.join(init_from, "ckpt.pt")  # a run or its file
         published = os.path.exists(os.path.join(init_from, "config.json")) or \
-            not (os.path.exists(init_from) or os.sep in init_from or init_from.startswith("."))
+            not (os.path.exists(init_from) or os.sep in init_from or init_from.startswith(".") or
+                 init_from.endswith(".pt"))
         if os.path.exists(path):
             from objectives import Specials
             from infra.pretrained import tokenizer_for
@@ -92,7 +94,7 @@ class Backbone:
             raise UserError(f"--init_from={init_from} holds no ckpt.pt (a train.py out_dir) and no config.json (a "
                             f"save_pretrained folder): train first (python train.py --out_dir={init_from} ...)")
         else:
-            raise UserError(f"--init_from={init_from}: no such folder; pass a train.py out_dir")
+            raise UserError(f"--init_from={init_from} does not exist: pass a train.py out_dir (or its ckpt.pt)")
         self.arch, self.device = self.model.config.arch, device
 
     def encode(self, texts):
@@ -277,7 +279,7 @@ def study_backbones(config, scale, device, seeds):
     for name, arch, objective, extra in wanted:
         for seed in seeds:
             path = os.path.join(folders[(name, seed)], "ckpt.pt")
-            if os.path.exists(path) and torch.load(path, map_location="cpu", weights_only=False)["flops_done"] >= budget:
+            if os.path.exists(path) and load_checkpoint(path)["flops_done"] >= budget:
                 continue
             rate = dict(learning_rate=rates[name], min_lr=rates[name] / 10) if name in rates else {}
             missing.append((f"{name}, seed {seed}", arch, objective,
@@ -286,12 +288,13 @@ def study_backbones(config, scale, device, seeds):
         print(f"[finetune study] pretraining {len(missing)} runs at equal FLOPs (study.py, scale {scale}; learning "
               f"rates " + (f"from {study_json}" if rates else "1e-3: study.py has not chosen them")
               + f"); the others are reused from {prefix}-*", flush=True)
-        trained, _ = equal_compute.train_all(missing, s, config["dataset"], prefix, device, meta, seeds[0], True)
+        trained, _ = equal_compute.train_all(missing, s, config["dataset"], prefix, device, meta, seeds[0], True,
+                                             again="the same command goes on from the finished runs")
         if trained is None:  # train_all said which checkpoints are finished; they are reused next time
             raise UserError("interrupted while pretraining; rerun the same command to go on")
     identities = {}  # which pretraining runs the results belong to: a retrained checkpoint invalidates them
     for (name, seed), folder in folders.items():
-        checkpoint = torch.load(os.path.join(folder, "ckpt.pt"), map_location="cpu", weights_only=False)
+        checkpoint = load_checkpoint(os.path.join(folder, "ckpt.pt"))
         identities[f"{name}, seed {seed}"] = {
             "iter_num": checkpoint["iter_num"], "seed": checkpoint["config"]["seed"],
             "learning_rate": checkpoint["config"]["learning_rate"], "final_val_loss": checkpoint["best_val_loss"],
@@ -310,6 +313,8 @@ def study(config):
         raise UserError(f"--{one_run_only[0]} is for one fine-tuning run; --study runs every task, mode and reader "
                         f"with the scale's settings (STUDY_SCALES): drop it")
     check_config(config)
+    check_writable([os.path.join(config["out_dir"], f"finetune-{scale}{extension}")
+                    for extension in (".md", ".json", ".png")])
     settings = dict(STUDY_SCALES[scale], scale=scale, seed=config["seed"], dataset=config["dataset"],
                     batch_size=config["batch_size"], learning_rate=config["learning_rate"],
                     head_learning_rate=config["head_learning_rate"], temperature=config["temperature"])
@@ -466,7 +471,7 @@ def main():
     data = make_task(config["task"], texts, backbone.model.config.block_size, config["seed"], LIMITS)
     print(f"{config['task']}: {len(data['train'])} training and {len(data['eval'])} evaluation examples; "
           f"{backbone.arch} ({backbone.objective}), {pooling} pooling, --mode={config['mode']}", flush=True)
-    print("  the trivial baselines (a character n-gram logistic regression is tuned: up to a minute)...", flush=True)
+    print("  the trivial baselines (a character n-gram logistic regression is tuned, with its progress)...", flush=True)
     for name, scores in baselines(config["task"], data).items():
         print(f"  baseline, {name}: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in scores.items()))
     if config["task"] == "retrieval":
@@ -494,4 +499,5 @@ def main():
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_main(main, interrupted="with --study, the finished cells and pretraining runs are kept: the same command "
+                              "goes on from them")

@@ -30,23 +30,25 @@ import os
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/incontext.py
+import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while it loads ends quietly)
+
 import numpy as np
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/incontext.py
 
 import objectives
 from infra.configurator import QUICK_NOTE, run_main
 from data.prepare_common import write_dataset
 from infra.dataset import load_dataset
-from infra.progress import StopSignals, format_duration, format_flops, write_atomically
+from infra.progress import format_duration, format_flops, write_atomically
 from infra.timing import machine_name
-from experiments.study import resolve_experiment, train_all
+from experiments.study import resolve_experiment, train_and_evaluate_seeds
 
 KEYS, VALUES = "abcdefgh", "ABCDEFGH"
 MAX_DEMONSTRATIONS = 16
 K_VALUES = (0, 1, 2, 4, 8, 16)
-DEFAULTS = dict(scale="cpu", quick=False, device="auto", out_dir="results/study", seed=1337, quiet=False)
+DEFAULTS = dict(scale="cpu", quick=False, device="auto", out_dir="results/study", seed=1337, quiet=False,
+                reuse=False)  # True: load the runs finished earlier with the same settings
 SCALES = {  # model size and the FLOPs budget (as gpt iterations), the training text, the evaluation
     # cpu: 12 models (4 archs x 3 seeds), 2,000 gpt steps each; cpu-long: 7.5x longer, one seed
     "cpu": dict(n_layer=2, n_head=4, n_embd=64, block_size=64, batch_size=32, gpt_iters=2000, eval_iters=10,
@@ -239,33 +241,19 @@ def plot(runs, path):
 
 
 def main():
-    config, scale, device = resolve_experiment(DEFAULTS, SCALES)
+    config, scale, device = resolve_experiment(DEFAULTS, SCALES, "incontext")
     s = SCALES[scale]
     t0 = time.perf_counter()
     folder = os.path.join(config["out_dir"], "checkpoints", f"incontext-{scale}-data")
     seen = make_dataset(folder, s["train_chars"], np.random.default_rng(config["seed"]))
     _, meta = load_dataset(folder, s["block_size"], prepare_if_missing=False)
     specials, stoi = objectives.Specials.from_meta(meta), meta["stoi"]
-    runs = []
-    for seed_number in range(s["seeds"]):
-        seed = config["seed"] + seed_number
-        print(f"[incontext] seed {seed_number + 1}/{s['seeds']}, {format_duration(time.perf_counter() - t0)} so far",
-              flush=True)
-        checkpoints = os.path.join(config["out_dir"], "checkpoints", f"incontext-{scale}-seed{seed_number}")
-        trained, budget = train_all(MODELS, s, folder, checkpoints, device, meta, seed, config["quiet"])
-        if trained is None:  # interrupted: the seeds already finished are written below
-            break
-        try:
-            with StopSignals(immediate=True):
-                runs.append({"seed": seed, "models": {name: evaluate(result["model"].eval(), name, config["seed"],
-                                                                     seen, s, stoi, specials, device)
-                                                      for name, result in trained.items()}})
-        except KeyboardInterrupt:
-            print(f"interrupted while evaluating seed {seed_number + 1}", flush=True)
-            break
+    runs, budget, interrupted = train_and_evaluate_seeds(
+        "incontext", MODELS, s, folder, os.path.join(config["out_dir"], "checkpoints", f"incontext-{scale}"), device,
+        meta, config, lambda trained: {name: evaluate(result["model"].eval(), name, config["seed"], seen, s, stoi,
+                                                      specials, device) for name, result in trained.items()})
     if not runs:
-        print("interrupted before any seed finished: nothing written")
-        return
+        raise KeyboardInterrupt  # before any seed finished: run_main says what is kept (status 130)
     seconds = time.perf_counter() - t0
     text = summarise(runs, s, budget, seconds, scale, machine_name(device))
     if len(runs) < s["seeds"]:
@@ -277,7 +265,10 @@ def main():
                                                  "runs": runs, "training_mappings": len(seen)}, indent=1))
     picture = plot(runs, base + ".png")
     print(f"\nwrote {base}.md, .json{' and .png' if picture else ''} in {format_duration(seconds)}")
+    if interrupted:
+        raise KeyboardInterrupt  # the stop asked for ends the command (status 130) once the seeds finished are written
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_main(main, interrupted="the runs finished so far are kept: the same command with --reuse=True goes on "
+                              "from them")

@@ -33,26 +33,30 @@ import os
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/planning.py
+import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while it loads ends quietly)
+
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/planning.py
-
 import objectives
-from experiments.study import resolve_experiment, train_all
+from experiments.study import resolve_experiment, train_and_evaluate_seeds
 from experiments.structural import char_dataset, fill_slots
 from experiments.study_report import plus_minus
 from infra.configurator import QUICK_NOTE, run_main
 from infra.dataset import load_dataset
-from infra.progress import StopSignals, format_duration, format_flops, write_atomically
+from infra.progress import format_duration, format_flops, write_atomically
 from infra.timing import machine_name
 from kvcache import UNMASK_ORDERS
 
-DEFAULTS = dict(scale="cpu", quick=False, device="auto", out_dir="results/structural", seed=1337, quiet=True)
+DEFAULTS = dict(scale="cpu", quick=False, device="auto", out_dir="results/structural", seed=1337, quiet=True,
+                reuse=False)  # True: load the runs finished earlier with the same settings
 SCALES = {  # model size and budget (gpt iterations); graphs: degree d, path length l (nodes), nodes to draw from
     "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, gpt_iters=2000, eval_iters=10,
                 degree=2, path=4, nodes=20, train_graphs=60_000, eval_graphs=400, seeds=3),
     "gpu": dict(n_layer=6, n_head=6, n_embd=384, block_size=128, batch_size=64, gpt_iters=10000, eval_iters=50,
                 degree=3, path=5, nodes=40, train_graphs=400_000, eval_graphs=2000, seeds=3),
+    "gpu-short": dict(n_layer=6, n_head=6, n_embd=384, block_size=128, batch_size=64, gpt_iters=2500, eval_iters=50,
+                degree=3, path=5, nodes=40, train_graphs=400_000, eval_graphs=2000, seeds=1),  # experiments/gpu_figures.py: one seed, a quarter of the budget
     "quick": dict(n_layer=1, n_head=2, n_embd=32, block_size=32, batch_size=4, gpt_iters=10, eval_iters=2,
                   degree=2, path=3, nodes=8, train_graphs=300, eval_graphs=16, seeds=1),
 }
@@ -133,6 +137,8 @@ def evaluate(model, name, graphs, specials, stoi, reversed_paths=False):
 
 def report(data, s, scale):
     lines = [QUICK_NOTE, ""] if scale == "quick" else []
+    if data.get("interrupted"):
+        lines += [f"**Interrupted: {len(data['runs'])} of {s['seeds']} seeds finished.**", ""]
     lines += [f"Planning with lookahead (claim X5), scale `{scale}` ({s['n_layer']} layers x {s['n_embd']} dims, "
               f"block {s['block_size']}; t5 {s['n_layer'] // 2 or 1} + {s['n_layer'] // 2 or 1}): star graphs of "
               f"degree {s['degree']}, paths of {s['path']} nodes drawn from {s['nodes']} letters, "
@@ -162,7 +168,7 @@ def report(data, s, scale):
 
 
 def main():
-    config, scale, device = resolve_experiment(DEFAULTS, SCALES)
+    config, scale, device = resolve_experiment(DEFAULTS, SCALES, "planning", (".md", ".json"))
     s = SCALES[scale]
     t0 = time.perf_counter()
     rng = np.random.default_rng(config["seed"])
@@ -181,29 +187,20 @@ def main():
     models = [("gpt", "gpt", "clm", {}), ("gpt-reversed", "gpt", "clm", {"dataset": folders["data-reversed"]}),
               ("bert", "bert", "mlm", {}), ("diffusion", "bert", "diffusion", {}),
               ("prefixlm", "prefixlm", "prefix_lm", {}), ("t5", "t5", "span_corruption", {}), ("t5-ul2", "t5", "ul2", {})]
-    seeds = [config["seed"] + k for k in range(s["seeds"])]
-    data = {"scale": scale, "machine": machine_name(device), "seeds": seeds, "runs": [],
-            "baselines": rule_baselines(eval_graphs, s["degree"], np.random.default_rng(config["seed"] + 2))}
-    budget = None
-    for number, seed in enumerate(seeds):
-        print(f"[planning] seed {number + 1}/{len(seeds)}, {format_duration(time.perf_counter() - t0)} so far", flush=True)
-        trained, budget = train_all(models, s, folders["data"], os.path.join(work, f"seed{seed}"), device, meta, seed,
-                                    config["quiet"])
-        if trained is None:  # interrupted: the seeds already finished are written below
-            break
-        try:
-            with StopSignals(immediate=True):
-                data["runs"].append({"seed": seed, "models": {
-                    name: {"val_loss": result["val_loss"],
-                           "accuracy": evaluate(result["model"].eval(), name, eval_graphs, specials, stoi,
-                                                reversed_paths=name == "gpt-reversed")}
-                    for name, result in trained.items()}})
-        except KeyboardInterrupt:
-            print(f"interrupted while evaluating seed {seed}", flush=True)
-            break
-    if not data["runs"]:
-        print("interrupted before any seed finished: nothing written")
-        return
+
+    def evaluate_models(trained):
+        return {name: {"val_loss": result["val_loss"],
+                       "accuracy": evaluate(result["model"].eval(), name, eval_graphs, specials, stoi,
+                                            reversed_paths=name == "gpt-reversed")}
+                for name, result in trained.items()}
+
+    runs, budget, interrupted = train_and_evaluate_seeds("planning", models, s, folders["data"], work, device, meta,
+                                                         config, evaluate_models)
+    if not runs:
+        raise KeyboardInterrupt  # before any seed finished: run_main says what is kept (status 130)
+    data = {"scale": scale, "machine": machine_name(device), "seeds": [run["seed"] for run in runs], "runs": runs,
+            "baselines": rule_baselines(eval_graphs, s["degree"], np.random.default_rng(config["seed"] + 2)),
+            "interrupted": interrupted}
     data.update(budget_flops=budget, seconds=time.perf_counter() - t0)
     text = report(data, s, scale)
     print("\n" + text)
@@ -212,7 +209,10 @@ def main():
     write_atomically(base + ".json", json.dumps(data, indent=1))
     write_atomically(base + ".md", text + "\n")
     print(f"\nwrote {base}.md and .json in {format_duration(data['seconds'])}")
+    if interrupted:
+        raise KeyboardInterrupt  # the stop asked for ends the command (status 130) once the seeds finished are written
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_main(main, interrupted="the runs finished so far are kept: the same command with --reuse=True goes on "
+                              "from them")

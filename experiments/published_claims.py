@@ -32,16 +32,17 @@ import os
 import sys
 import time
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/published_claims.py
+import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while it loads ends quietly)
+
+import torch
 
 import kvcache
 from infra.configurator import UserError, apply_overrides, pick_device, run_main
 from infra.pretrained import load_for_sampling
-from infra.progress import Progress, StopSignals, format_duration
+from infra.progress import Progress, StopSignals, check_writable, format_duration, write_atomically
 from experiments.study import attention_ranks
-from infra.timing import copy_bandwidth, median_time
+from infra.timing import copy_bandwidth, machine_name, median_time
 from infra.dataset import DATA_DIR
 
 DEFAULTS = dict(gpt="gpt2", bert="bert-base-uncased", text="", device="auto", windows=8, window_tokens=64,
@@ -198,6 +199,8 @@ def measure(results, config, text, gpt, gpt_tok, bert, bert_tok, device, say):
 def main():
     config = apply_overrides(DEFAULTS, sys.argv[1:])
     device = pick_device(config["device"])
+    base = os.path.join(config["out_dir"], "published-claims")
+    check_writable([base + ".md", base + ".json"])
     text = read_text(config["text"])
     t0 = time.perf_counter()
     say = lambda what: print(f"[{format_duration(time.perf_counter() - t0)}] {what}", flush=True)  # noqa: E731
@@ -213,7 +216,7 @@ def main():
     except KeyboardInterrupt:  # Ctrl-C / SIGTERM: write what is measured, say what is not
         results["interrupted"] = True
         print("interrupted: writing the claims measured so far", flush=True)
-    lines = [f"Published models: {config['gpt']} and {config['bert']} on {device}, "
+    lines = [f"Published models: {config['gpt']} and {config['bert']} on {machine_name(device)}, "
              f"{format_duration(time.perf_counter() - t0)}" + (" (interrupted: the claims below only)"
                                                              if results.get("interrupted") else ""), ""]
     for claim, value in results.items():
@@ -221,12 +224,8 @@ def main():
             lines.append(f"- {claim}: " + ", ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}"
                                                     for k, v in value.items()))
     print("\n".join(lines))
-    os.makedirs(config["out_dir"], exist_ok=True)
-    base = os.path.join(config["out_dir"], "published-claims")
-    with open(base + ".md", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    with open(base + ".json", "w") as f:
-        json.dump(results, f, indent=1)
+    write_atomically(base + ".md", "\n".join(lines) + "\n")
+    write_atomically(base + ".json", json.dumps(results, indent=1))
     print(f"wrote {base}.md and .json")
 
 

@@ -7,14 +7,14 @@ Question: the reversal curse (claim X4). Trained on "A is B" in one direction on
     python experiments/reversal.py --scale=gpu   # more entities, a larger model
     python experiments/reversal.py --quick       # a smoke run in seconds (the test suite runs it) -> out-quick/
 
-The task, in characters (Kitouni et al. 2024's key-value retrieval, in miniature). N entities, each a unique key of
-four lowercase letters and a unique value of four capitals (disjoint alphabets). The training text states every
-fact once per repetition, in one direction only, `kxqb:MZRT`; for a training half of the entities it also holds
-their forward and backward questions, `>kxqb:MZRT` ("the value of kxqb is MZRT") and `<MZRT:kxqb` ("the key of
-MZRT is kxqb"), so every model learns the two question formats. The evaluation half's facts are in the training
-text too, but never a question about them: evaluation asks their forward question `>kxqb:` and their backward
-question `<MZRT:` (answer: four characters, exact match). Bidirectional models are also asked the fact's own line
-with the key masked, `????:MZRT` (the infill layout: B is known, fill in A). Tested: keys and values unique, no
+The task, in characters (Kitouni et al. 2024's key-value retrieval, in miniature: their keys and values are two
+tokens each). N entities, each a unique key of lowercase letters and a unique value of capitals (disjoint
+alphabets; two letters each at CPU scale). The training text states every fact once per repetition, in one
+direction only, `kx:MZ`; for a training half of the entities it also holds their forward and backward questions,
+`>kx:MZ` ("the value of kx is MZ") and `<MZ:kx` ("the key of MZ is kx"), so every model learns the two question
+formats. The evaluation half's facts are in the training text too, but never a question about them: evaluation
+asks their forward question `>kx:` and their backward question `<MZ:` (exact match of the answer). Bidirectional
+models are also asked the fact's own line with the key masked, `??:MZ` (the infill layout: B is known, fill in A). Tested: keys and values unique, no
 evaluation question in the training text, the evaluation reads exactly the answer slots.
 
 Every objective the project has trains on the same text at equal training FLOPs (experiments/study.py's
@@ -29,30 +29,36 @@ import os
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/reversal.py
+import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while it loads ends quietly)
+
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/reversal.py
-
 import objectives
-from experiments.study import resolve_experiment, train_all
+from experiments.study import resolve_experiment, train_and_evaluate_seeds
 from experiments.structural import char_dataset, exact_and_per_character, fill_slots
 from experiments.study_report import plus_minus
 from infra.configurator import QUICK_NOTE, run_main
 from infra.dataset import load_dataset
-from infra.progress import StopSignals, format_duration, format_flops, write_atomically
+from infra.progress import format_duration, format_flops, write_atomically
 from infra.timing import machine_name
 
-DEFAULTS = dict(scale="cpu", quick=False, device="auto", out_dir="results/structural", seed=1337, quiet=True)
-SCALES = {  # model size and the FLOPs budget (as gpt iterations); entities: half of them asked in evaluation
-    "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, gpt_iters=1500, eval_iters=10,
-                entities=200, repetitions=60, seeds=3),
-    "gpu": dict(n_layer=6, n_head=6, n_embd=384, block_size=64, batch_size=64, gpt_iters=5000, eval_iters=50,
-                entities=2000, repetitions=60, seeds=3),
+DEFAULTS = dict(scale="cpu", quick=False, device="auto", out_dir="results/structural", seed=1337, quiet=True,
+                reuse=False)  # True: load the runs finished earlier with the same settings
+SCALES = {  # model size and the FLOPs budget (as gpt iterations); entities (half asked in evaluation) of `length`
+    "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=32, batch_size=24, gpt_iters=3000, eval_iters=10,
+                entities=100, length=2, repetitions=200, seeds=3),
+    "gpu": dict(n_layer=6, n_head=6, n_embd=384, block_size=64, batch_size=64, gpt_iters=10000, eval_iters=50,
+                entities=1000, length=4, repetitions=100, seeds=3),
+    "gpu-short": dict(n_layer=6, n_head=6, n_embd=384, block_size=64, batch_size=64, gpt_iters=2500, eval_iters=50,
+                entities=1000, length=4, repetitions=100, seeds=1),  # experiments/gpu_figures.py: one seed, a quarter of the budget
     "quick": dict(n_layer=1, n_head=2, n_embd=32, block_size=32, batch_size=4, gpt_iters=10, eval_iters=2,
-                  entities=20, repetitions=4, seeds=1),
+                  entities=20, length=2, repetitions=4, seeds=1),
 }
-KEY_LETTERS, VALUE_LETTERS, LENGTH = "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ", 4
+SETTINGS = dict(position="rope", learning_rate=3e-3, min_lr=3e-4)  # every model: rotary positions (a fact's line
+# starts anywhere in a training window), the rate of a short run
+KEY_LETTERS, VALUE_LETTERS = "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 CHARACTERS = KEY_LETTERS + VALUE_LETTERS + ":<>?\n"
 MODEL_NAMES = ("gpt", "gpt-reversed", "bert", "diffusion", "prefixlm", "t5", "t5-ul2")
 PUBLISHED = ("Kitouni et al. 2024 (The Factorization Curse, key-value retrieval, Table 5; per-character accuracy, "
@@ -64,12 +70,12 @@ PUBLISHED = ("Kitouni et al. 2024 (The Factorization Curse, key-value retrieval,
 
 # ----------------------------------------------------------------------------- the task
 
-def make_entities(count, rng):
-    """count (key, value) pairs: every key and every value unique."""
+def make_entities(count, rng, length=2):
+    """count (key, value) pairs of `length` letters each: every key and every value unique."""
     def unique(letters):
         seen = set()
         while len(seen) < count:
-            seen.add("".join(rng.choice(list(letters), LENGTH)))
+            seen.add("".join(rng.choice(list(letters), length)))
         return sorted(seen)
     keys, values = unique(KEY_LETTERS), unique(VALUE_LETTERS)
     rng.shuffle(keys)
@@ -102,11 +108,12 @@ def questions(pairs):
     """Prompts and truths for a list of (key, value): forward, backward and the backward infill of the fact."""
     return {"forward": ([f">{k}:" for k, _ in pairs], [v for _, v in pairs]),
             "backward": ([f"<{v}:" for _, v in pairs], [k for k, _ in pairs]),
-            "backward, infill": ([f"{'?' * LENGTH}:{v}" for _, v in pairs], [k for k, _ in pairs])}
+            "backward, infill": ([f"{'?' * len(k)}:{v}" for k, v in pairs], [k for k, _ in pairs])}
 
 
-def slots_of(kind):
-    return list(range(LENGTH)) if kind == "backward, infill" else list(range(LENGTH + 2, 2 * LENGTH + 2))
+def slots_of(kind, length):
+    """The answer's positions in the question: the key's in the infill layout, after ">k:" / "<v:" otherwise."""
+    return list(range(length)) if kind == "backward, infill" else list(range(length + 2, 2 * length + 2))
 
 
 def evaluate(model, pairs, specials, stoi):
@@ -114,7 +121,7 @@ def evaluate(model, pairs, specials, stoi):
     cannot be asked is absent."""
     result = {}
     for kind, (prompts, truths) in questions(pairs).items():
-        answers = fill_slots(model, prompts, slots_of(kind), specials, stoi)
+        answers = fill_slots(model, prompts, slots_of(kind, len(pairs[0][0])), specials, stoi)
         if answers is not None:
             result[kind] = exact_and_per_character(answers, truths)
     return result
@@ -125,12 +132,13 @@ def rule_baselines(entities, eval_half):
     what most often follows the longest end of the prompt that occurs in the training lines: what next-token
     statistics can find); a lookup of the facts that reads them both ways; chance (a random key or value)."""
     lines, _, _ = training_lines(entities)
+    length = len(entities[0][0])
     follows = {}
     for line in lines:
         for start in range(len(line)):
-            for end in range(start + 1, len(line) - LENGTH + 1):
+            for end in range(start + 1, len(line) - length + 1):
                 counts = follows.setdefault(line[start:end], {})
-                counts[line[end:end + LENGTH]] = counts.get(line[end:end + LENGTH], 0) + 1
+                counts[line[end:end + length]] = counts.get(line[end:end + length], 0) + 1
     key_of, value_of = {v: k for k, v in entities}, dict(entities)
 
     def left_to_right(prompt):
@@ -145,7 +153,7 @@ def rule_baselines(entities, eval_half):
     for kind, (prompts, truths) in questions(eval_half).items():
         if kind != "backward, infill":  # a left-to-right reader cannot fill slots at the start of its input
             out["left-to-right reader of the text"][kind] = exact_and_per_character(map(left_to_right, prompts), truths)
-        asked = [p[-LENGTH:] if kind == "backward, infill" else p[1:1 + LENGTH] for p in prompts]
+        asked = [p[-length:] if kind == "backward, infill" else p[1:1 + length] for p in prompts]
         lookup = value_of if kind == "forward" else key_of
         out["lookup of the facts both ways"][kind] = exact_and_per_character([lookup[a] for a in asked], truths)
         out["chance (a random key or value)"][kind] = (1 / len(entities), 1 / 26)
@@ -157,12 +165,14 @@ def rule_baselines(entities, eval_half):
 def report(data, s, scale):
     kinds = ("forward", "backward", "backward, infill")
     lines = [QUICK_NOTE, ""] if scale == "quick" else []
+    if data.get("interrupted"):
+        lines += [f"**Interrupted: {len(data['runs'])} of {s['seeds']} seeds finished.**", ""]
     lines += [f"The reversal curse (claim X4), scale `{scale}` ({s['n_layer']} layers x {s['n_embd']} dims, block "
               f"{s['block_size']}; t5 {s['n_layer'] // 2 or 1} + {s['n_layer'] // 2 or 1}), {s['entities']} entities "
               f"(half asked), each training text {s['repetitions']} shuffled repetitions of its lines, "
               f"{format_flops(data['budget_flops'])} per model (= {s['gpt_iters']} gpt iterations), "
               f"{len(data['seeds'])} seeds ({', '.join(map(str, data['seeds']))}), on {data['machine']}, "
-              f"{data['seconds'] / 60:.1f} min. Exact match of the 4-character answer on the evaluation half's "
+              f"{data['seconds'] / 60:.1f} min. Exact match of the {s['length']}-character answer on the evaluation half's "
               f"questions, mean +- std over seeds (in brackets: per-character accuracy, the published tables' "
               f"measure). 'backward, infill': the fact's line with its key masked (bidirectional readers only). "
               f"The training half's backward questions are in the training text (a control: the format is "
@@ -196,11 +206,11 @@ def report(data, s, scale):
 
 
 def main():
-    config, scale, device = resolve_experiment(DEFAULTS, SCALES)
+    config, scale, device = resolve_experiment(DEFAULTS, SCALES, "reversal", (".md", ".json"))
     s = SCALES[scale]
     t0 = time.perf_counter()
     rng = np.random.default_rng(config["seed"])
-    entities = make_entities(s["entities"], rng)
+    entities = make_entities(s["entities"], rng, s["length"])
     lines, train_half, eval_half = training_lines(entities)
     work = os.path.join(config["out_dir"], "checkpoints", f"reversal-{scale}")
     folders = {}
@@ -214,31 +224,20 @@ def main():
     models = [("gpt", "gpt", "clm", {}), ("gpt-reversed", "gpt", "clm", {"dataset": folders["data-reversed"]}),
               ("bert", "bert", "mlm", {}), ("diffusion", "bert", "diffusion", {}),
               ("prefixlm", "prefixlm", "prefix_lm", {}), ("t5", "t5", "span_corruption", {}), ("t5-ul2", "t5", "ul2", {})]
-    seeds = [config["seed"] + k for k in range(s["seeds"])]
-    data = {"scale": scale, "machine": machine_name(device), "seeds": seeds, "runs": [],
-            "baselines": rule_baselines(entities, eval_half)}
-    budget = None
-    for number, seed in enumerate(seeds):
-        print(f"[reversal] seed {number + 1}/{len(seeds)}, {format_duration(time.perf_counter() - t0)} so far", flush=True)
-        trained, budget = train_all(models, s, folders["data"], os.path.join(work, f"seed{seed}"), device, meta, seed,
-                                    config["quiet"])
-        if trained is None:  # interrupted: the seeds already finished are written below
-            break
-        try:
-            with StopSignals(immediate=True):
-                run = {"seed": seed, "models": {}}
-                for name, result in trained.items():
-                    model = result["model"].eval()
-                    run["models"][name] = {"val_loss": result["val_loss"],
-                                           "eval": evaluate(model, eval_half, specials, stoi),
-                                           "train_half_backward": evaluate(model, train_half, specials, stoi)["backward"]}
-                data["runs"].append(run)
-        except KeyboardInterrupt:
-            print(f"interrupted while evaluating seed {seed}", flush=True)
-            break
-    if not data["runs"]:
-        print("interrupted before any seed finished: nothing written")
-        return
+    models = [(name, arch, objective, dict(SETTINGS, **extra)) for name, arch, objective, extra in models]
+
+    def evaluate_models(trained):
+        return {name: {"val_loss": result["val_loss"],
+                       "eval": evaluate(result["model"].eval(), eval_half, specials, stoi),
+                       "train_half_backward": evaluate(result["model"], train_half, specials, stoi)["backward"]}
+                for name, result in trained.items()}
+
+    runs, budget, interrupted = train_and_evaluate_seeds("reversal", models, s, folders["data"], work, device, meta,
+                                                         config, evaluate_models)
+    if not runs:
+        raise KeyboardInterrupt  # before any seed finished: run_main says what is kept (status 130)
+    data = {"scale": scale, "machine": machine_name(device), "seeds": [run["seed"] for run in runs], "runs": runs,
+            "baselines": rule_baselines(entities, eval_half), "interrupted": interrupted}
     data.update(budget_flops=budget, seconds=time.perf_counter() - t0)
     text = report(data, s, scale)
     print("\n" + text)
@@ -247,7 +246,10 @@ def main():
     write_atomically(base + ".json", json.dumps(data, indent=1))
     write_atomically(base + ".md", text + "\n")
     print(f"\nwrote {base}.md and .json in {format_duration(data['seconds'])}")
+    if interrupted:
+        raise KeyboardInterrupt  # the stop asked for ends the command (status 130) once the seeds finished are written
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_main(main, interrupted="the runs finished so far are kept: the same command with --reuse=True goes on "
+                              "from them")

@@ -42,20 +42,21 @@ import shutil
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/study.py
+import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while it loads ends quietly)
+
 import numpy as np
 import torch
 import torch.nn.functional as F
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/study.py
 
 import objectives
 import train
 from infra.configurator import UserError, apply_overrides, check_seed, output_folder, pick_device, run_main
 from infra.train_config import model_config
 from infra.checkpoint import load_model
-from infra.progress import Progress, StopSignals, format_duration, format_flops, write_atomically
+from infra.progress import Progress, StopSignals, check_writable, format_duration, format_flops, write_atomically
 from experiments.study_report import PROBE_TASKS, plot, report
-from infra.dataset import get_windows, load_dataset
+from infra.dataset import fingerprint, get_windows, load_dataset
 from infra.timing import machine_name
 from model import IGNORE_INDEX, ModelConfig, Transformer
 
@@ -97,7 +98,8 @@ LN2 = math.log(2)
 
 # ----------------------------------------------------------------------------- training at equal FLOPs
 
-def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=False, divergence_is_a_result=False):
+def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=False, divergence_is_a_result=False,
+              again="--reuse=True goes on from the finished runs"):
     """Train each (name, arch, objective, extra settings) of `models` on `dataset` to the same training FLOPs:
     s["gpt_iters"] iterations of the gpt of shape s (times extra["budget_fraction"], if given). Checkpoints go to
     <checkpoints>-<name> unless extra names an out_dir; extra may also set learning_rate, min_lr and seed.
@@ -105,10 +107,12 @@ def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=
     training) is loaded instead of retrained, so a long study stopped half-way goes on where it stopped.
     divergence_is_a_result=True (a learning-rate sweep): a run whose loss stops being finite is recorded as
     {"diverged": why, "val_loss": None} and the others go on; otherwise it ends the study with one line.
+    again: how the caller's command goes on after an interruption, for the message.
     Returns ({name: train.train's summary + seconds and objective}, budget), or (None, budget) if interrupted."""
     budget = flops_budget(s, meta)
     fractions = [m[3].get("budget_fraction", 1.0) for m in models]  # a run costs its share of the budget
     trained, started, units_done = {}, time.perf_counter(), 0.0
+    tokens = {}  # dataset -> fingerprint of the tokens: a run is reused only if it read the same ones
     for number, (name, arch, objective, extra) in enumerate(models):
         extra = dict(extra)
         fraction = extra.pop("budget_fraction", 1.0)
@@ -119,7 +123,10 @@ def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=
         run_config = equal_flops_config((name, arch, objective, extra), fraction, s, dataset, checkpoints, device,
                                         meta, seed, quiet, budget)
         record = os.path.join(run_config["out_dir"], "study_run.json")
-        settings = {k: v for k, v in run_config.items() if k not in ("quiet", "overwrite")}
+        if run_config["dataset"] not in tokens:
+            tokens[run_config["dataset"]] = fingerprint(load_dataset(run_config["dataset"], s["block_size"], True)[0])
+        settings = dict({k: v for k, v in run_config.items() if k not in ("quiet", "overwrite")},
+                        tokens=tokens[run_config["dataset"]])
         if reuse and os.path.exists(record):
             with open(record) as f:
                 done = json.load(f)
@@ -146,7 +153,7 @@ def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=
             not_trained = [m[0] for m in models[number:]]
             print(f"interrupted: trained {', '.join(trained) or 'no model'}; not finished: {', '.join(not_trained)} "
                   f"({name}'s checkpoint is in {run_config['out_dir']}); no metrics computed, they compare every "
-                  f"model (--reuse=True goes on from the finished runs)", flush=True)
+                  f"model ({again})", flush=True)
             return None, budget
         result["seconds"] = time.perf_counter() - t0
         result["objective"] = objective
@@ -476,15 +483,38 @@ def attention_rank_baselines(trained, windows, seed):
 
 # ----------------------------------------------------------------------------- the study
 
-def resolve_experiment(defaults, scales):
-    """The common start of study.py and incontext.py: overrides, the scale (--quick wins), seed and device."""
+def resolve_experiment(defaults, scales, name, extensions=(".md", ".json", ".png")):
+    """The common start of the experiments: overrides, the scale (--quick wins), seed and device, and the result
+    files (out_dir/<name>-<scale><extension>) checked writable before any work."""
     config = apply_overrides(defaults, sys.argv[1:])
     config["out_dir"] = output_folder(config, defaults)
     scale = "quick" if config["quick"] else config["scale"]
     if scale not in scales:
         raise UserError(f"unknown --scale={scale}: {', '.join(k for k in scales if k != 'quick')} (or --quick)")
-    check_seed(config["seed"])
+    check_writable([os.path.join(config["out_dir"], f"{name}-{scale}{extension}") for extension in extensions])
     return config, scale, pick_device(config["device"])
+
+
+def train_and_evaluate_seeds(label, models, s, dataset, work, device, meta, config, evaluate):
+    """The seed loop of the small experiments: for each of s["seeds"] seeds (config["seed"] + k), train `models` to
+    equal FLOPs (checkpoints in work/seed<seed>-<name>) and evaluate({name: summary}) them. A stop while training
+    or evaluating ends the loop, keeping the seeds finished. Returns (runs, budget, interrupted), runs a list of
+    {"seed": seed, "models": evaluate's result}."""
+    runs, budget, t0 = [], None, time.perf_counter()
+    seeds = [config["seed"] + k for k in range(s["seeds"])]
+    for number, seed in enumerate(seeds):
+        print(f"[{label}] seed {number + 1}/{len(seeds)}, {format_duration(time.perf_counter() - t0)} so far", flush=True)
+        trained, budget = train_all(models, s, dataset, os.path.join(work, f"seed{seed}"), device, meta, seed,
+                                    config["quiet"], reuse=config["reuse"])
+        if trained is None:
+            return runs, budget, True
+        try:
+            with StopSignals(immediate=True):
+                runs.append({"seed": seed, "models": evaluate(trained)})
+        except KeyboardInterrupt:
+            print(f"interrupted while evaluating seed {seed}", flush=True)
+            return runs, budget, True
+    return runs, budget, False
 
 
 def study_run(model, learning_rate, seed, out_dir, fraction=1.0):
@@ -503,7 +533,7 @@ def train_runs(runs, s, config, device, meta, divergence_is_a_result=False):
 
 
 def main():
-    config, scale, device = resolve_experiment(DEFAULTS, SCALES)
+    config, scale, device = resolve_experiment(DEFAULTS, SCALES, "study")
     torch.manual_seed(config["seed"])
     s = SCALES[scale]
     t0 = time.perf_counter()
@@ -686,4 +716,5 @@ def main():
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_main(main, interrupted="the runs finished so far are kept: the same command with --reuse=True goes on "
+                              "from them")

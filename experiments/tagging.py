@@ -30,16 +30,17 @@ import os
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/tagging.py
+import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while it loads ends quietly)
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/tagging.py
-
 from experiments.finetune import Backbone, hidden_states, study_backbones
 from experiments.study_report import plus_minus
 from experiments.tasks import read_texts
-from infra.configurator import QUICK_NOTE, output_folder, run_main
+from infra.configurator import QUICK_NOTE, UserError, output_folder, run_main
 from experiments.study import resolve_experiment
 from infra.progress import StopSignals, format_duration, write_atomically
 from infra.timing import machine_name
@@ -242,7 +243,10 @@ def report(data, s, scale):
 
 
 def main():
-    config, scale, device = resolve_experiment(DEFAULTS, SCALES)
+    config, scale, device = resolve_experiment(DEFAULTS, SCALES, "tagging", (".md", ".json"))
+    if os.path.exists(config["study_dir"]) and not os.path.isdir(config["study_dir"]):  # missing: pretrained there
+        raise UserError(f"--study_dir={config['study_dir']} is a file: pass the --out_dir of experiments/study.py "
+                        f"or finetune.py --study (default {DEFAULTS['study_dir']}), whose checkpoints are read")
     s = SCALES[scale]
     t0 = time.perf_counter()
     texts = read_texts(config["dataset"])
@@ -281,4 +285,4 @@ def main():
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_main(main, interrupted="the study's checkpoints it trained are kept and reused next time")

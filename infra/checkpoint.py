@@ -14,6 +14,7 @@ import errno
 import json
 import os
 import random
+import stat
 from dataclasses import fields
 
 import torch
@@ -67,30 +68,54 @@ def remove_quietly(path):
 
 
 def load_checkpoint(path, device="cpu"):
+    """A checkpoint of this project, checked before anything uses it (train.py resuming, sample.py, finetune.py and
+    the experiments all load through here): every problem is a UserError that says what is wrong."""
     if os.path.isdir(path):
         raise UserError(f"{path} is a folder, not a checkpoint: pass the ckpt.pt (or best.pt) file inside a run")
     if not os.path.exists(path):
         raise UserError(f"no checkpoint at {path}: train first (python train.py ...) or fix --out_dir")
+    if not stat.S_ISREG(os.stat(path).st_mode):  # torch.load would wait on a pipe forever
+        raise UserError(f"{path} is not a regular file (a pipe or a device): pass the ckpt.pt written by train.py")
     try:
         checkpoint = torch.load(path, map_location=device, weights_only=False)
     except Exception as e:
         raise UserError(f"{path} is not a checkpoint torch can read ({type(e).__name__}): pass the ckpt.pt or "
                         f"best.pt written by train.py") from None
+    problem = checkpoint_problem(checkpoint)
+    if problem:
+        raise UserError(f"{path} {problem}: it was not written whole by this version of train.py; retrain (or "
+                        f"resume from an earlier checkpoint)")
+    return checkpoint
+
+
+def checkpoint_problem(checkpoint):
+    """What is wrong with a loaded checkpoint, in words, or None."""
     missing = [k for k in CHECKPOINT_KEYS if not isinstance(checkpoint, dict) or checkpoint.get(k) is None
                and k != "best_val_loss"]
     if missing:
-        raise UserError(f"{path} is not a checkpoint of this project (no {', '.join(missing)}): retrain")
+        return f"is not a checkpoint of this project (no {', '.join(missing)})"
     wrong = [k for k, kind in (("model", dict), ("optimizer", dict), ("config", dict), ("model_config", dict),
-                               ("meta", dict), ("iter_num", int), ("rng", list)) if not isinstance(checkpoint[k], kind)]
+                               ("meta", dict), ("iter_num", int), ("rng", list), ("flops_done", (int, float)),
+                               ("best_val_loss", (int, float, type(None)))) if not isinstance(checkpoint[k], kind)]
     if not wrong and any(k not in checkpoint["meta"] for k in META_KEYS):
         wrong = ["meta"]
-    known = {f.name for f in fields(ModelConfig)}
-    unknown = sorted(set(checkpoint["model_config"]) - known) if not wrong else []
-    if wrong or unknown:
-        what = f"{', '.join(wrong)} of the wrong type" if wrong else f"model settings this version does not know: " \
-                                                                     f"{', '.join(unknown)}"
-        raise UserError(f"{path} has {what}: it was not written by this version of train.py; retrain")
-    return checkpoint
+    if wrong:
+        return f"has {', '.join(wrong)} of the wrong type"
+    unknown = sorted(set(checkpoint["model_config"]) - {f.name for f in fields(ModelConfig)})
+    if unknown:
+        return f"has model settings this version does not know: {', '.join(unknown)}"
+    if not isinstance(checkpoint["config"].get("arch"), str) or not isinstance(checkpoint["config"].get("objective"),
+                                                                              str):
+        return "names no arch or objective in its config"
+    meta = checkpoint["meta"]
+    if meta["tokenizer"] == "char" and not (isinstance(meta.get("stoi"), dict) and isinstance(meta.get("itos"), list)
+                                            and len(meta["itos"]) == meta["num_ordinary"] == len(meta["stoi"])):
+        return "has a character vocabulary that does not add up (its stoi / itos are missing or of other sizes)"
+    bad = [name for name, value in checkpoint["model"].items()
+           if torch.is_tensor(value) and value.is_floating_point() and not torch.isfinite(value).all()]
+    if bad:
+        return f"has weights that are not finite (NaN or inf: {bad[0]}{' and more' if len(bad) > 1 else ''})"
+    return None
 
 
 def model_from_checkpoint(checkpoint, path):
@@ -164,9 +189,11 @@ def check_resume(config, checkpoint, meta):
         config.update({k: saved[k] for k in MODEL_KEYS}, published_weights=published)
     saved_meta = checkpoint["meta"]
     if any(saved_meta.get(k) != meta.get(k) for k in ("vocab_size", "tokenizer", "itos")):
-        raise UserError(f"cannot resume: the vocabulary of dataset {config['dataset']} ({meta['vocab_size']} tokens) "
-                        f"is not the checkpoint's ({saved_meta.get('vocab_size')} tokens); use the checkpoint's "
-                        f"dataset")
+        how = f"{meta['vocab_size']} tokens against the checkpoint's {saved_meta.get('vocab_size')}" \
+            if saved_meta.get("vocab_size") != meta.get("vocab_size") else \
+            f"as many tokens ({meta['vocab_size']}), but other ones (other characters or another tokenizer)"
+        raise UserError(f"cannot resume: the vocabulary of dataset {config['dataset']} is not the checkpoint's: {how}; "
+                        f"use the checkpoint's dataset")
 
 
 # ----------------------------------------------------------------------------- the log and the lock

@@ -12,7 +12,11 @@ import ast
 import difflib
 import math
 import os
+import shutil
+import signal
+import stat
 import sys
+import threading
 import types
 
 import torch
@@ -22,16 +26,75 @@ class UserError(Exception):
     """A mistake the user can fix: printed as one line, exit status 2."""
 
 
-def run_main(main):
+def run_main(main, interrupted="nothing written"):
+    """Run a command's main: a UserError is one line on stderr and exit status 2; Ctrl-C or SIGTERM outside the
+    command's own stop handling ends with one line saying what is kept (`interrupted`), status 130; standard output
+    closed early (`| head`) ends silently, as Unix tools do; standard output that cannot be written (a full disk)
+    is one line, status 1. Under torchrun only the first process prints."""
     prog = os.path.basename(sys.argv[0]) or "python"
+    quiet = os.environ.get("RANK", "0") != "0"  # torchrun: the others would print the same line again
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (quiet_interrupts silenced the imports)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)  # SIGTERM: the same clean ending as Ctrl-C
+    for stream in (sys.stdout, sys.stderr):  # a character the terminal cannot show is escaped, never an error
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+    original_stdout, sys.stdout = sys.stdout, _StandardOutput(sys.stdout)
     try:
         main()
+        sys.stdout.flush()  # a closed pipe shows here, inside, rather than at exit
     except UserError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        _say(quiet, f"{prog}: error: {e}")
         sys.exit(2)
-    except KeyboardInterrupt:  # Ctrl-C where the script keeps nothing partial (its writes are atomic)
-        print(f"{prog}: interrupted; nothing written", file=sys.stderr)
+    except KeyboardInterrupt:
+        _say(quiet, f"{prog}: interrupted; {interrupted}")
         sys.exit(130)
+    except BrokenPipeError:  # the reader went away (python masks.py | head -1): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)
+    except StandardOutputError as e:
+        _say(quiet, f"{prog}: error: cannot write to standard output ({e.strerror})")
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+    finally:
+        sys.stdout = original_stdout
+
+
+def _terminate(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _say(quiet, line):
+    if not quiet:
+        print(line, file=sys.stderr)
+
+
+class StandardOutputError(OSError):
+    """Standard output cannot be written (a full disk, an I/O error): not a file the command writes."""
+
+
+class _StandardOutput:
+    """sys.stdout, whose write errors say that they are standard output's; a closed pipe stays BrokenPipeError."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _guarded(self, method, *args):
+        try:
+            return method(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            raise StandardOutputError(e.errno, e.strerror) from None
+
+    def write(self, text):
+        return self._guarded(self._stream.write, text)
+
+    def flush(self):
+        return self._guarded(self._stream.flush)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 def _check_type(key, value, default):
@@ -77,8 +140,11 @@ def apply_overrides(defaults, argv):
                 raise UserError(f"config file {arg!r} not found (pass config/<name>.py or --key=value)")
             values = {}
             try:
-                with open(arg, encoding="utf-8") as f:
-                    exec(f.read(), {}, values)
+                exec(read_text_file(arg, "config file"), {}, values)
+            except UserError:
+                raise
+            except SystemExit:  # sys.exit() in a config file must not end the command as if it had run
+                raise UserError(f"config file {arg!r} calls sys.exit(): a config file only sets values") from None
             except Exception as e:  # a broken config file is a user error too
                 raise UserError(f"config file {arg!r} failed to run: {type(e).__name__}: {e}") from None
             for key, value in values.items():
@@ -104,10 +170,37 @@ def apply_overrides(defaults, argv):
             except (ValueError, SyntaxError):
                 value = text  # not a Python literal: reported as the wrong type below
         config[key] = _check_type(key, value, defaults[key])
+    for key, check in (("seed", check_seed), ("device", check_device)):  # the options every script shares
+        if key in config:
+            check(config[key])
     return config
 
 
+def read_text_file(path, what, hint=""):
+    """The UTF-8 text of a regular file, or one line that says why not (missing, a folder, a pipe or device,
+    unreadable, not UTF-8): the config files, prompts and prepare scripts' inputs all read through it."""
+    if not os.path.exists(path):
+        raise UserError(f"{what} {path} does not exist" + (f": {hint}" if hint else ""))
+    if os.path.isdir(path):
+        raise UserError(f"{what} {path} is a folder: pass a file")
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise UserError(f"{what} {path} is not a regular file (a pipe or a device): pass a file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except UnicodeDecodeError:
+        raise UserError(f"{what} {path} is not UTF-8 text") from None
+    except OSError as e:
+        raise UserError(f"{what} {path} cannot be read ({e.strerror})") from None
+
+
 # ----------------------------------------------------------------------------- devices
+
+def check_device(name):
+    """--device: auto, or a device this machine has (resolved later by pick_device)."""
+    if name != "auto":
+        pick_device(name)
+
 
 def pick_device(name):
     """auto picks CUDA, then MPS, then the CPU; an explicit device that is not there is a UserError."""
@@ -126,6 +219,8 @@ def pick_device(name):
                         f"cuda:{torch.cuda.device_count() - 1}")
     if device.type == "mps" and not torch.backends.mps.is_available():
         raise UserError("--device=mps but MPS is not available here: use --device=cpu (or auto)")
+    if device.type == "cpu" and device.index is not None:
+        raise UserError(f"--device={name}: the CPU takes no index, use --device=cpu")
     if device.type not in ("cpu", "cuda", "mps"):
         raise UserError(f"unknown --device={name}: auto, cpu, cuda, cuda:N or mps")
     return name
@@ -146,6 +241,17 @@ QUICK_NOTE = ("**A --quick smoke run: tiny models trained for seconds. Its numbe
 def output_folder(config, defaults):
     """Where a command writes its results: --out_dir as given; a --quick smoke run left at the default writes to
     out-quick/<the default's last folder> instead."""
+    if not str(config["out_dir"]).strip():
+        raise UserError(f"--out_dir is empty: name a folder (the default is {defaults['out_dir'] or 'the current one'})")
     if config.get("quick") and config["out_dir"] == defaults["out_dir"]:
         return os.path.join(QUICK_OUTPUT, os.path.basename(defaults["out_dir"].rstrip("/")))
     return config["out_dir"]
+
+
+def check_compiler(device, option="--compile=True"):
+    """torch.compile on a CPU writes C++ and builds it: without a C++ compiler it fails minutes later, deep inside
+    inductor. Say so at once instead."""
+    if str(device).startswith("cpu") and not any(shutil.which(name) for name in
+                                                  (os.environ.get("CXX", "g++"), "g++", "c++", "clang++")):
+        raise UserError(f"{option} on the CPU needs a C++ compiler (g++ or clang++), and none is on the PATH: install "
+                        f"one (apt-get install g++) or drop {option}")

@@ -3,6 +3,7 @@ Reading a prepared dataset: a folder with train.bin / val.bin (uint16 token ids)
 data/<name>/prepare.py (which runs on first use). Training reads random windows of block_size + 1 tokens, as
 nanoGPT does; every objective makes its batch from such windows (objectives.py).
 """
+import hashlib
 import os
 import pickle
 import subprocess
@@ -20,6 +21,8 @@ META_KEYS = ("tokenizer", "vocab_size", "num_ordinary", "specials", "num_sentine
 def load_dataset(name, block_size, prepare_if_missing):
     """name: a folder of data/ (prepared on first use) or a path to any folder with train.bin, val.bin, meta.pkl.
     Returns ({"train": path, "val": path}, meta); every problem is a UserError that says how to fix it."""
+    if name.strip(" ./") == "":  # "", ".", "./": data/ itself is no dataset
+        raise UserError(f"--dataset={name!r} names no dataset: choose a folder of data/ (shakespeare_char) or a path")
     folder = name if os.sep in name else os.path.join(DATA_DIR, name)
     if not os.path.isdir(folder):
         known = sorted(d for d in os.listdir(DATA_DIR) if os.path.isfile(os.path.join(DATA_DIR, d, "prepare.py")))
@@ -63,12 +66,40 @@ def load_dataset(name, block_size, prepare_if_missing):
             raise UserError(f"{path} holds token id {largest} but meta.pkl's vocab_size is {meta['vocab_size']}: "
                             f"prepare the dataset again (python data/<name>/prepare.py)")
         splits[split] = path
+        PREPARED[os.path.abspath(path)] = file_identity(path)
     return splits, meta
+
+
+PREPARED = {}  # absolute path -> (size, modification time) when load_dataset read it: get_windows notices a change
+
+
+def written_here(path):
+    """This process wrote `path` anew (an experiment making its own dataset): not a change under a run."""
+    PREPARED.pop(os.path.abspath(path), None)
+
+
+def file_identity(path):
+    status = os.stat(path)
+    return status.st_size, status.st_mtime_ns
+
+
+def fingerprint(splits):
+    """The content of a prepared dataset, {split: path of its .bin} as load_dataset returns: a run reused in place of
+    training must have read the same tokens, not only a folder of the same name."""
+    digest = hashlib.sha1()
+    for split in sorted(splits):
+        with open(splits[split], "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()
 
 
 def get_windows(path, batch_size, block_size, rng):
     """batch_size random windows of block_size + 1 tokens: (B, T+1) int64. A fresh memmap each call, as nanoGPT
     (a memmap kept open grows the process's memory as pages are touched)."""
+    identity = file_identity(path)
+    if PREPARED.get(os.path.abspath(path), identity) != identity:  # prepared again, or copied over, mid-run
+        raise UserError(f"{path} changed while this run was reading it (was the dataset prepared again?): its "
+                        f"windows would mix two texts; start the run again (or --init_from=resume)")
     data = np.memmap(path, dtype=np.uint16, mode="r")
     starts = rng.integers(0, len(data) - block_size - 1, size=batch_size)
     return torch.from_numpy(np.stack([data[i:i + block_size + 1].astype(np.int64) for i in starts]))

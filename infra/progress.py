@@ -96,3 +96,26 @@ def write_atomically(path, text):
     with open(path + ".tmp", "w") as f:
         f.write(text)
     os.replace(path + ".tmp", path)
+
+
+def check_writable(paths, option="--out_dir"):
+    """Before the work: every file a command will write can be written (its folder made, a trial write); a path
+    that is a folder, a parent that is a file, a read-only or full disk is one line now, not a traceback at the
+    end of a long run."""
+    from infra.configurator import UserError
+    for path in paths:
+        if os.path.isdir(path):
+            raise UserError(f"{path} is a folder, and {option} needs to write a file there: choose another {option}")
+        above = os.path.dirname(os.path.abspath(path))
+        while not os.path.exists(above):
+            above = os.path.dirname(above)
+        if not os.path.isdir(above):
+            raise UserError(f"{above} is a file, and {option} needs a folder there to write {os.path.basename(path)}: "
+                            f"choose another {option}")
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            with open(path + ".tmp", "w") as f:
+                f.write("x")
+            os.remove(path + ".tmp")
+        except OSError as e:
+            raise UserError(f"cannot write {path} ({e.strerror}): choose another {option}") from None

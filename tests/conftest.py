@@ -59,7 +59,11 @@ def tiny_args(dataset, out_dir, arch="gpt", **overrides):
     return [f"--{k}={v}" for k, v in args.items()]
 
 
-def run_script(script, *args, timeout=300, env=None):
+# Subprocess limits guard against a hang only, never measure speed: a loaded laptop takes many times longer
+HANG_TIMEOUT = 1800
+
+
+def run_script(script, *args, timeout=HANG_TIMEOUT, env=None):
     """Run one of the project's scripts as a user would; returns CompletedProcess."""
     return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env=env)

@@ -120,7 +120,7 @@ def test_sample_bad_inputs(trained_dir, tmp_path):
         ([f"--out_dir={trained_dir}", "--start=héllo"], "outside the vocabulary"),
         ([f"--out_dir={trained_dir}", "--start="], "prompt is empty"),
         ([f"--out_dir={trained_dir}", "--start=" + "a" * 40], "context is 32"),
-        ([f"--out_dir={trained_dir}", "--start=FILE:/no/such/prompt.txt"], "not found"),
+        ([f"--out_dir={trained_dir}", "--start=FILE:/no/such/prompt.txt"], "does not exist"),
         ([f"--out_dir={tmp_path / 'nothing'}"], "no checkpoint"),
         ([f"--out_dir={trained_dir}", "--device=cuda"], "CUDA is not available"),
         ([f"--out_dir={trained_dir}", "--temperature=hot"], "wrong type"),

@@ -159,7 +159,7 @@ def test_quick_study_runs_every_task_reader_and_mode(char_dataset, tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--task=sentiment"], "unknown --task=sentiment: choose one of speaker, tampered, retrieval"),
     (["--mode=lora"], "unknown --mode=lora"),
-    (["--init_from=/nonexistent/out-gpt"], "no such folder"),
+    (["--init_from=/nonexistent/out-gpt"], "does not exist"),
     (["--seeds=0"], "--seeds must be at least 1"),
 ])
 def test_bad_arguments_end_in_one_line(args, message, gpt_checkpoint, char_dataset):

@@ -84,12 +84,13 @@ def test_no_import_circle_anywhere_lazy_imports_included():
 
 def test_arrows_point_down():
     """Experiments use the chapter and the infrastructure; the commands (train, sample, bench) are imported by
-    experiments only; the infrastructure imports no command and no experiment; nothing imports an experiment but
-    another experiment."""
+    experiments (and the exercises' checks) only; the infrastructure imports no command and no experiment; nothing
+    imports an experiment but another experiment or an exercise's check; nothing imports the checks."""
     for module, imported in import_graph().items():
         experiments = {m for m in imported if m.startswith("experiments.")}
         commands = {m for m in imported if m in COMMANDS}
-        if not module.startswith("experiments."):
+        assert not {m for m in imported if m.startswith("exercises.")}, module
+        if not module.startswith(("experiments.", "exercises.")):  # the checks sit on top, as the tests do
             assert not experiments, (module, experiments)
             assert not commands, (module, commands)
 

@@ -53,7 +53,7 @@ def test_tied_embeddings_and_weighted_loss():
 
 @pytest.mark.parametrize("bad, message", [
     (dict(n_embd=30, n_head=4), "divisible"), (dict(arch="rnn"), "unknown arch"),
-    (dict(position="alibi"), "unknown position"), (dict(dropout=1.5), "dropout"), (dict(n_layer=0), "n_layer"),
+    (dict(position="fractal"), "unknown position"), (dict(dropout=1.5), "dropout"), (dict(n_layer=0), "n_layer"),
 ])
 def test_config_errors(bad, message):
     with pytest.raises(ValueError, match=message):

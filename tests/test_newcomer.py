@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import train
-from conftest import ROOT, tiny_args
+from conftest import HANG_TIMEOUT, ROOT, tiny_args
 from infra.configurator import QUICK_OUTPUT, output_folder
 from infra.run_control import format_mfu
 
@@ -35,7 +35,7 @@ def readme_quick_start():
     return [c for c in commands if c.startswith(("python", "pip"))]
 
 
-def run_in(folder, command, *extra, timeout=300):
+def run_in(folder, command, *extra, timeout=HANG_TIMEOUT):
     args = command.split()[1:] + list(extra)
     return subprocess.run([sys.executable, os.path.join(ROOT, args[0]), *args[1:]], cwd=folder, capture_output=True,
                           text=True, timeout=timeout)
@@ -57,7 +57,7 @@ def test_the_quick_start_runs_as_written_in_order(char_dataset, tmp_path):
         if line.startswith("these settings are sized for one GPU"):
             break
     default.send_signal(signal.SIGINT)  # Ctrl-C during the first evaluation
-    stdout, stderr = default.communicate(timeout=120)
+    stdout, stderr = default.communicate(timeout=HANG_TIMEOUT)
     assert default.returncode == 0, stderr
     assert "config/train_shakespeare_char_cpu.py --arch=bert" in lines[-1], lines
     assert "interrupted: saved out-bert/ckpt.pt at iteration 0" in stdout, stdout
@@ -86,7 +86,7 @@ def test_smoke_runs_write_outside_the_committed_results(tmp_path):
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", ROOT, str(clone)], check=True)
     bench = subprocess.run([sys.executable, "bench.py", "--quick", "--sections=ceilings", "--compile=False"],
-                           cwd=clone, capture_output=True, text=True, timeout=120)
+                           cwd=clone, capture_output=True, text=True, timeout=HANG_TIMEOUT)
     assert bench.returncode == 0, bench.stderr
     assert f"wrote {QUICK_OUTPUT}/bench/bench-cpu-quick.json" in bench.stdout
     status = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True).stdout

@@ -10,7 +10,7 @@ import torch
 
 from infra import checkpoint
 import train
-from conftest import ROOT, run_script, tiny_args
+from conftest import HANG_TIMEOUT, ROOT, run_script, tiny_args
 
 
 def iteration_losses(out_dir):
@@ -55,8 +55,10 @@ def test_checkpoints_keep_latest_and_best(char_dataset, tmp_path):
 
 def fake_state(iteration, **extra):
     """The smallest state load_checkpoint accepts: every entry present, of the right type."""
-    meta = {"tokenizer": "char", "vocab_size": 1, "num_ordinary": 1, "specials": {}, "num_sentinels": 0}
-    return {"model": {}, "optimizer": {}, "config": {}, "model_config": {}, "meta": meta, "iter_num": iteration,
+    meta = {"tokenizer": "char", "vocab_size": 1, "num_ordinary": 1, "specials": {}, "num_sentinels": 0,
+            "stoi": {"a": 0}, "itos": ["a"]}
+    return {"model": {}, "optimizer": {}, "config": {"arch": "gpt", "objective": "clm"}, "model_config": {},
+            "meta": meta, "iter_num": iteration,
             "best_val_loss": float("inf"), "flops_done": 0.0, "rng": [], **extra}
 
 
@@ -136,7 +138,7 @@ def test_two_process_data_parallel_run(char_dataset, tmp_path):
     args = tiny_args(char_dataset, out, max_iters=6, eval_interval=3, log_interval=1, gradient_accumulation_steps=2,
                      quiet=False)
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             os.path.join(ROOT, "train.py"), *args], capture_output=True, text=True, timeout=240,
+                             os.path.join(ROOT, "train.py"), *args], capture_output=True, text=True, timeout=HANG_TIMEOUT,
                             cwd=ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("iter 5:") == 1  # only rank 0 logs
@@ -147,7 +149,7 @@ def test_two_process_data_parallel_run(char_dataset, tmp_path):
     assert sorted(os.listdir(out)) == ["best.pt", "ckpt.pt", "log.jsonl"]
     resumed = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                               os.path.join(ROOT, "train.py"), *args, "--init_from=resume", "--max_iters=8"],
-                             capture_output=True, text=True, timeout=240, cwd=ROOT)
+                             capture_output=True, text=True, timeout=HANG_TIMEOUT, cwd=ROOT)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert checkpoint.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"] == 8
 
@@ -156,10 +158,11 @@ def test_gradient_accumulation_must_divide_across_processes(char_dataset, tmp_pa
     out = str(tmp_path / "ddp")
     args = tiny_args(char_dataset, out, gradient_accumulation_steps=3)
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             os.path.join(ROOT, "train.py"), *args], capture_output=True, text=True, timeout=240,
+                             os.path.join(ROOT, "train.py"), *args], capture_output=True, text=True, timeout=HANG_TIMEOUT,
                             cwd=ROOT)
     assert result.returncode != 0 and "not divisible" in result.stderr and not os.path.exists(out)
     assert "pass --gradient_accumulation_steps=4" in result.stderr  # says which value works
+    assert result.stderr.count("train.py: error:") == 1  # by rank 0 alone; torchrun's own failure report follows
 
 
 # ----------------------------------------------------------------------------- round 2
@@ -223,14 +226,14 @@ def limit_file_size(limit):
 def test_a_full_disk_during_a_save_is_one_line(char_dataset, tmp_path):
     out = str(tmp_path / "o")
     process = start(char_dataset, out, max_iters=4, eval_interval=2, preexec_fn=limit_file_size(100_000))
-    _, stderr = process.communicate(timeout=120)
+    _, stderr = process.communicate(timeout=HANG_TIMEOUT)
     assert process.returncode == 1 and stderr.strip().count("\n") == 0 and "Traceback" not in stderr, stderr
     assert "no space left" in stderr and "no checkpoint was written" in stderr
     assert not os.path.exists(out)  # a new run that saved nothing leaves nothing
     run(char_dataset, out, arch="gpt", max_iters=2, eval_interval=2)  # a good checkpoint; a resume cannot save
     process = start(char_dataset, out, init_from="resume", max_iters=4, eval_interval=2,
                     preexec_fn=limit_file_size(100_000))
-    _, stderr = process.communicate(timeout=120)
+    _, stderr = process.communicate(timeout=HANG_TIMEOUT)
     assert process.returncode == 1 and "is intact" in stderr, stderr
     assert sorted(os.listdir(out)) == ["best.pt", "ckpt.pt", "log.jsonl"]  # no .tmp left
     assert checkpoint.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"] == 2

@@ -90,10 +90,10 @@ class Oracle:
 
 def test_reversal_entities_are_unique_and_no_evaluation_question_is_in_the_training_text():
     rng = np.random.default_rng(0)
-    entities = reversal.make_entities(60, rng)
+    entities = reversal.make_entities(60, rng, length=3)
     keys, values = [k for k, _ in entities], [v for _, v in entities]
     assert len(set(keys)) == len(set(values)) == 60
-    assert all(re.fullmatch("[a-z]{4}", k) for k in keys) and all(re.fullmatch("[A-Z]{4}", v) for v in values)
+    assert all(re.fullmatch("[a-z]{3}", k) for k in keys) and all(re.fullmatch("[A-Z]{3}", v) for v in values)
     lines, train_half, eval_half = reversal.training_lines(entities)
     text = reversal.stream(lines, 3, rng)
     for k, v in eval_half:  # its fact, once per repetition; none of its questions
@@ -112,7 +112,7 @@ def test_the_reversal_evaluation_reads_exactly_the_answer_slots(arch, kind):
     entities = reversal.make_entities(12, np.random.default_rng(1))
     specials, stoi = specials_and_stoi(reversal.CHARACTERS)
     prompts, truths = reversal.questions(entities)[kind]
-    slots = reversal.slots_of(kind)
+    slots = reversal.slots_of(kind, 2)
     oracle = Oracle(arch, dict(zip(prompts, truths)), specials, stoi, slots)
     answers = fill_slots(oracle, prompts, slots, specials, stoi)
     if kind == "backward, infill" and arch in ("gpt", "prefixlm"):

@@ -1,0 +1,233 @@
+"""Every script, not only train.py, fails in one line, stops cleanly and never hangs (results/logs/errors.txt, round
+3): the shared argument checks, the one checkpoint loader, output paths checked before the work, stops outside a
+training loop, standard output that goes away, and the edges."""
+import errno
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import train
+from conftest import HANG_TIMEOUT, ROOT, run_script, tiny_args
+from infra import checkpoint
+from infra.configurator import UserError, apply_overrides, check_compiler, read_text_file
+from infra.dataset import get_windows, load_dataset
+
+
+def one_line(result, *needles, status=2):
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == status and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert all(needle in lines[0] for needle in needles), lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def trained(char_dataset, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("hostile") / "ok")
+    train.train(train.resolve_config(tiny_args(char_dataset, out, max_iters=2, eval_interval=2, block_size=128)))
+    return out
+
+
+def damaged(trained, tmp_path, change):
+    state = torch.load(os.path.join(trained, "ckpt.pt"), weights_only=False)
+    change(state)
+    folder = tmp_path / "damaged"
+    folder.mkdir(exist_ok=True)
+    torch.save(state, folder / "ckpt.pt")
+    return str(folder / "ckpt.pt")
+
+
+# ----------------------------------------------------------------------------- 1. the shared argument checks
+
+@pytest.mark.parametrize("argv, needle", [(["--seed=18446744073709551616"], "out of range"),
+                                          (["--seed=-1"], "out of range"), (["--device=cpu:1"], "takes no index")])
+def test_every_script_checks_the_seed_and_the_device_as_train_py_does(argv, needle):
+    from experiments import finetune, study
+    import sample
+    for defaults in (train.DEFAULTS, sample.DEFAULTS, finetune.DEFAULTS, study.DEFAULTS):
+        with pytest.raises(UserError, match=needle):
+            apply_overrides(defaults, argv)
+
+
+def test_finetune_takes_a_checkpoint_file_as_well_as_its_folder(trained, char_dataset):
+    result = run_script("experiments/finetune.py", f"--init_from={os.path.join(trained, 'ckpt.pt')}",
+                        f"--dataset={char_dataset}", "--probe_steps=2", "--task=tampered")
+    assert result.returncode == 0 and "seed 1337" in result.stdout, result.stderr[-1000:]
+
+
+# ----------------------------------------------------------------------------- 2. damaged checkpoints, one loader
+
+@pytest.mark.parametrize("change, needle", [
+    (lambda s: s["meta"].pop("stoi"), "character vocabulary"),
+    (lambda s: s["meta"].__setitem__("itos", s["meta"]["itos"][:5]), "character vocabulary"),
+    (lambda s: next(iter(s["model"].values())).fill_(float("nan")), "not finite"),
+    (lambda s: s.__setitem__("best_val_loss", "low"), "best_val_loss of the wrong type"),
+    (lambda s: s["config"].pop("arch"), "names no arch"),
+])
+def test_a_damaged_checkpoint_is_refused_by_the_loader_every_script_shares(trained, tmp_path, change, needle):
+    path = damaged(trained, tmp_path, change)
+    with pytest.raises(UserError, match=needle):
+        checkpoint.load_checkpoint(path)
+    one_line(run_script("sample.py", f"--out_dir={os.path.dirname(path)}", "--max_new_tokens=4"), needle)
+
+
+# ----------------------------------------------------------------------------- 3. never hang
+
+def test_a_pipe_where_a_checkpoint_or_a_text_should_be_is_refused_at_once(tmp_path):
+    fifo = str(tmp_path / "ckpt.pt")
+    os.mkfifo(fifo)
+    with pytest.raises(UserError, match="not a regular file"):
+        checkpoint.load_checkpoint(fifo)  # torch.load would wait on it forever
+    with pytest.raises(UserError, match="not a regular file"):
+        read_text_file(fifo, "prompt file")
+
+
+def test_the_ngram_baseline_talks_while_it_is_tuned(capsys):
+    from experiments.tasks import tuned_logistic_regression
+    x = np.random.default_rng(0).random((60, 16)).astype(np.float32)
+    y = np.arange(60) % 3
+    lines = []
+    predicted = tuned_logistic_regression(x, y, x, 3, log=lambda line, **_: lines.append(line))
+    assert predicted.shape == (60,)  # (its progress lines come every 10 s: none in a fraction of a second)
+    import experiments.tasks as tasks
+    assert "Progress" in tasks.tuned_logistic_regression.__code__.co_names
+
+
+# ----------------------------------------------------------------------------- 4. outputs: checked first, whole
+
+def test_every_output_path_is_checked_before_the_work(tmp_path):
+    (tmp_path / "b.md").mkdir()
+    one_line(run_script("bench.py", f"--out={tmp_path / 'b.json'}", "--quick"), "is a folder")
+    (tmp_path / "a-file").write_text("")
+    for script in ("experiments/reversal.py", "experiments/epochs.py", "experiments/incontext.py"):
+        started = time.perf_counter()
+        one_line(run_script(script, "--quick", f"--out_dir={tmp_path / 'a-file' / 'x'}"), "a-file is a file",
+                 "choose another --out_dir")
+        assert time.perf_counter() - started < HANG_TIMEOUT  # (refused before any training: see its one line)
+
+
+def test_a_full_disk_while_preparing_leaves_nothing_and_says_so(tmp_path, monkeypatch):
+    from data.prepare_common import write_dataset
+
+    def full(obj, f):  # train.bin and val.bin are written by now; meta.pkl gets four bytes, then the disk is full
+        f.write(b"part")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pickle, "dump", full)
+    with pytest.raises(UserError, match="No space left"):
+        write_dataset(str(tmp_path), list(range(50)) * 4, {"tokenizer": "char", "num_ordinary": 50})
+    assert os.listdir(tmp_path) == []
+
+
+def test_standard_output_that_goes_away_ends_quietly_or_in_one_line(trained):
+    early = subprocess.Popen([sys.executable, os.path.join(ROOT, "masks.py")], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, cwd=ROOT)
+    early.stdout.readline()
+    early.stdout.close()  # python masks.py | head -1
+    assert early.wait(HANG_TIMEOUT) in (0, 141) and b"Traceback" not in early.stderr.read()
+    piped = subprocess.Popen([sys.executable, os.path.join(ROOT, "sample.py"), f"--out_dir={trained}",
+                              "--num_samples=200", "--max_new_tokens=400"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, cwd=ROOT)
+    piped.stdout.readline()
+    piped.stdout.close()  # python sample.py ... | head -1 (80 kB: more than a pipe holds, so a write meets the close)
+    assert piped.wait(HANG_TIMEOUT) == 141 and piped.stderr.read() == b""
+    if os.path.exists("/dev/full"):
+        with open("/dev/full", "w") as full:
+            result = subprocess.run([sys.executable, os.path.join(ROOT, "masks.py")], stdout=full,
+                                    stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        assert result.returncode == 1 and "cannot write to standard output" in result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_a_character_the_terminal_cannot_show_is_escaped(char_dataset, tmp_path):
+    text = "café au lait, crème brûlée.\n" * 300
+    folder = tmp_path / "accents"
+    folder.mkdir()
+    from conftest import load_prepare
+    (folder / "text.txt").write_text(text, encoding="utf-8")
+    load_prepare("shakespeare_char").prepare(str(folder / "text.txt"), str(folder))
+    out = str(tmp_path / "run")
+    train.train(train.resolve_config(tiny_args(str(folder), out, max_iters=2, eval_interval=2)))
+    result = run_script("sample.py", f"--out_dir={out}", "--start=caf", "--max_new_tokens=30", "--num_samples=1",
+                        env=dict(os.environ, PYTHONIOENCODING="ascii"))
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+
+
+# ----------------------------------------------------------------------------- 5. stops outside the training loop
+
+def test_sigterm_outside_a_training_loop_is_a_clean_stop_that_says_what_is_kept():
+    script = ("import sys, time; sys.path.insert(0, %r)\nfrom infra.configurator import run_main\n"
+              "run_main(lambda: (print('ready', flush=True), time.sleep(60)), interrupted='the runs so far are kept')"
+              % ROOT)
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    assert process.stdout.readline().strip() == "ready"
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=HANG_TIMEOUT)
+    assert process.returncode == 130 and stderr.strip() == "-c: interrupted; the runs so far are kept"
+
+
+def test_ctrl_c_while_torch_loads_ends_without_a_traceback():
+    script = ("import sys; sys.path.insert(0, %r)\nimport infra.quiet_interrupts, os, signal, time\n"
+              "os.kill(os.getpid(), signal.SIGINT)\ntime.sleep(30)\nimport torch" % ROOT)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG_TIMEOUT)
+    assert result.returncode == 130 and result.stderr == ""
+    for command in ("train.py", "sample.py", "bench.py", "experiments/study.py", "experiments/reversal.py"):
+        source = open(os.path.join(ROOT, command)).read()
+        assert source.index("import infra.quiet_interrupts") < source.index("import torch"), command
+
+
+# ----------------------------------------------------------------------------- 6. messages that say what is wrong
+
+def test_messages_name_the_real_problem(trained, char_dataset, tmp_path):
+    with pytest.raises(UserError, match="is a folder"):
+        read_text_file(str(tmp_path), "--input")
+    for name in ("", ".", "./"):
+        with pytest.raises(UserError, match="names no dataset"):
+            load_dataset(name, 8, prepare_if_missing=False)
+    one_line(run_script("bench.py", "--sections=,ceilings"), "empty name")
+    other = tmp_path / "same-size"  # as many characters as the checkpoint's text, other ones
+    other.mkdir()
+    meta = pickle.load(open(os.path.join(char_dataset, "meta.pkl"), "rb"))
+    shifted = "".join(chr(0x400 + i) for i in range(meta["num_ordinary"] - 1))  # and the newline
+    (other / "text.txt").write_text((shifted * 40 + "\n") * 20, encoding="utf-8")
+    from conftest import load_prepare
+    load_prepare("shakespeare_char").prepare(str(other / "text.txt"), str(other))
+    result = run_script("train.py", *tiny_args(str(other), trained, init_from="resume", max_iters=4, block_size=128))
+    one_line(result, "as many tokens", "other ones")
+
+
+# ----------------------------------------------------------------------------- 7. edges
+
+def test_a_config_file_that_exits_is_refused(tmp_path):
+    config = tmp_path / "exits.py"
+    config.write_text("import sys\nsys.exit(0)\n")
+    with pytest.raises(UserError, match="calls sys.exit"):
+        train.resolve_config([str(config)])
+
+
+def test_a_dataset_prepared_again_under_a_running_run_is_noticed(char_dataset, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(char_dataset, data)
+    splits, _ = load_dataset(str(data), 16, prepare_if_missing=False)
+    rng = np.random.default_rng(0)
+    get_windows(splits["train"], 2, 16, rng)
+    time.sleep(0.01)
+    with open(splits["train"], "r+b") as f:  # rewritten, as prepare.py would
+        f.write(b"\x00\x00")
+    with pytest.raises(UserError, match="changed while this run was reading it"):
+        get_windows(splits["train"], 2, 16, rng)
+
+
+def test_compiling_on_a_cpu_without_a_compiler_is_refused_at_once(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(UserError, match="needs a C\\+\\+ compiler"):
+        check_compiler("cpu")
+    check_compiler("cuda")  # CUDA compiles with Triton, not the C++ compiler
