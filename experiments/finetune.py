@@ -291,7 +291,7 @@ def study_backbones(config, scale, device, seeds):
         trained, _ = equal_compute.train_all(missing, s, config["dataset"], prefix, device, meta, seeds[0], True,
                                              again="the same command goes on from the finished runs")
         if trained is None:  # train_all said which checkpoints are finished; they are reused next time
-            raise UserError("interrupted while pretraining; rerun the same command to go on")
+            raise KeyboardInterrupt  # run_main: status 130 and what is kept (the finished pretraining runs)
     identities = {}  # which pretraining runs the results belong to: a retrained checkpoint invalidates them
     for (name, seed), folder in folders.items():
         checkpoint = load_checkpoint(os.path.join(folder, "ckpt.pt"))
