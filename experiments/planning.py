@@ -3,7 +3,8 @@ Question: planning with lookahead (claim X5). On path-finding in star graphs, do
 training stay at chance while the same model trained to write the path backwards, or a masked-diffusion model,
 solves it? And does the order in which a diffusion model unmasks matter?
 
-    python experiments/planning.py               # 7 models x 3 seeds at equal FLOPs: ~20 minutes on 2 cores
+    python experiments/planning.py               # 7 models x 3 seeds at equal FLOPs: 84 minutes measured (one
+                                                 # thread each, two experiments sharing 2 cores)
                                                  # -> results/structural/planning-cpu.{md,json}
     python experiments/planning.py --scale=gpu   # larger graphs and model
     python experiments/planning.py --quick       # a smoke run in seconds (the test suite runs it) -> out-quick/
@@ -28,7 +29,6 @@ train_all): gpt, gpt on the reversed paths (the positive control: it must solve 
 slots by unmasking, each in three orders (inference only, the same model): the most confident first, the largest
 margin between the top two probabilities first (Kim et al. 2025), random.
 """
-import json
 import os
 import sys
 import time
@@ -40,11 +40,11 @@ import numpy as np
 
 import objectives
 from experiments.study import resolve_experiment, train_and_evaluate_seeds
-from experiments.structural import char_dataset, fill_slots
+from experiments.structural import char_dataset, fill_slots, write_results
 from experiments.study_report import plus_minus
 from infra.configurator import QUICK_NOTE, run_main
 from infra.dataset import load_dataset
-from infra.progress import format_duration, format_flops, write_atomically
+from infra.progress import format_flops
 from infra.timing import machine_name
 from kvcache import UNMASK_ORDERS
 
@@ -202,13 +202,7 @@ def main():
             "baselines": rule_baselines(eval_graphs, s["degree"], np.random.default_rng(config["seed"] + 2)),
             "interrupted": interrupted}
     data.update(budget_flops=budget, seconds=time.perf_counter() - t0)
-    text = report(data, s, scale)
-    print("\n" + text)
-    os.makedirs(config["out_dir"], exist_ok=True)
-    base = os.path.join(config["out_dir"], f"planning-{scale}")
-    write_atomically(base + ".json", json.dumps(data, indent=1))
-    write_atomically(base + ".md", text + "\n")
-    print(f"\nwrote {base}.md and .json in {format_duration(data['seconds'])}")
+    write_results(config["out_dir"], f"planning-{scale}", data, report(data, s, scale))
     if interrupted:
         raise KeyboardInterrupt  # the stop asked for ends the command (status 130) once the seeds finished are written
 

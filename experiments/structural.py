@@ -1,6 +1,7 @@
 """
 What the structural experiments (experiments/reversal.py, experiments/planning.py) share: a synthetic char-level
-dataset written like any prepared one, and the one way each architecture fills the answer slots of a question.
+dataset written like any prepared one, the one way each architecture fills the answer slots of a question, and
+(with experiments/tagging.py) how a result is written.
 
     suffix layout   the answer follows the prompt ("kxqb>" -> "MZRT"):
                     gpt, prefixlm  greedy, left to right (prefixlm: the prompt is its bidirectional prefix)
@@ -13,12 +14,14 @@ dataset written like any prepared one, and the one way each architecture fills t
 
 Answers are exact: argmax (temperature 0) at every step, over the text characters only.
 """
+import json
 import os
 
 import torch
 
 import kvcache
 from data.prepare_common import write_dataset
+from infra.progress import format_duration, write_atomically
 
 
 def char_dataset(folder, train_text, val_text, characters):
@@ -89,3 +92,14 @@ def exact_and_per_character(answers, truths):
     exact = sum(a == t for a, t in zip(answers, truths)) / len(truths)
     characters = sum(x == y for a, t in zip(answers, truths) for x, y in zip(a, t)) / sum(len(t) for t in truths)
     return exact, characters
+
+
+def write_results(out_dir, name, data, text):
+    """Print the report and write out_dir/<name>.json (every number) and .md (the report), each whole or not at
+    all."""
+    print("\n" + text)
+    base = os.path.join(out_dir, name)
+    os.makedirs(out_dir, exist_ok=True)
+    write_atomically(base + ".json", json.dumps(data, indent=1))
+    write_atomically(base + ".md", text + "\n")
+    print(f"\nwrote {base}.md and .json in {format_duration(data['seconds'])}")

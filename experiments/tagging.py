@@ -25,7 +25,6 @@ encoder, masked diffusion. probe: the head alone on frozen states; full: backbon
 Beside them, under the same scoring: the best rule that reads only the prefix (a character n-gram of the left
 context, n chosen on held-out text) and the best rule that reads both sides (n-grams of both).
 """
-import json
 import os
 import sys
 import time
@@ -42,7 +41,8 @@ from experiments.study_report import plus_minus
 from experiments.tasks import read_texts
 from infra.configurator import QUICK_NOTE, UserError, output_folder, run_main
 from experiments.study import resolve_experiment
-from infra.progress import StopSignals, format_duration, write_atomically
+from infra.progress import StopSignals, format_duration
+from experiments.structural import write_results
 from infra.timing import machine_name
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/structural",
@@ -275,13 +275,7 @@ def main():
     except KeyboardInterrupt:
         print(f"interrupted: {len(data['cells'])} of {len(plan)} cells done; they are written", flush=True)
     data["seconds"] = time.perf_counter() - t0
-    text = report(data, s, scale)
-    print("\n" + text)
-    os.makedirs(config["out_dir"], exist_ok=True)
-    base = os.path.join(config["out_dir"], f"tagging-{scale}")
-    write_atomically(base + ".json", json.dumps(data, indent=1))
-    write_atomically(base + ".md", text + "\n")
-    print(f"\nwrote {base}.md and .json in {format_duration(data['seconds'])}")
+    write_results(config["out_dir"], f"tagging-{scale}", data, report(data, s, scale))
 
 
 if __name__ == "__main__":
