@@ -200,7 +200,7 @@ def test_every_objective_on_random_lengths_rates_and_seeds(specials, seed):
                     assert torch.equal(b.inputs[~supervised], x[~supervised])  # unsupervised: untouched
                 elif name == "clm":
                     assert torch.equal(b.targets, w[:, 1:])
-                else:  # span_corruption, prefix_lm, ul2: inputs + targets give back the window
+                elif name in ("span_corruption", "prefix_lm", "ul2"):  # inputs + targets give back the window
                     for row in range(w.size(0)):
                         text = recovered_text(b, row, arch, specials, continuation=name == "prefix_lm")
                         assert len(text) >= 2 and text == w[row, :len(text)].tolist(), (name, arch, T)
