@@ -94,7 +94,7 @@ def write_dataset(dataset_dir, ids, meta, train_tokens=None):
             if os.path.exists(os.path.join(dataset_dir, name + ".tmp")):
                 os.remove(os.path.join(dataset_dir, name + ".tmp"))
         if isinstance(e, OSError):
-            raise UserError(f"cannot write the dataset into {dataset_dir} ({e.strerror}): nothing written; free "
+            raise UserError(f"cannot write the dataset into {dataset_dir} ({e.strerror or e}): nothing written; free "
                             f"space or choose a writable folder") from None
         raise
     for name in names:  # meta last: its presence means "prepared"

@@ -51,7 +51,8 @@ from infra.configurator import QUICK_NOTE, UserError, run_main
 from infra.dataset import get_windows, load_dataset, written_here
 from infra.progress import StopSignals, format_duration, write_atomically
 from infra.timing import machine_name
-from experiments.study import character_frequency_bits, resolve_experiment, second_half_bits
+from experiments.equal_compute import resolve_experiment
+from experiments.study import character_frequency_bits, second_half_bits
 from experiments.study_report import mean_std
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/study",
@@ -130,7 +131,7 @@ def train_and_score(name, arch, objective, extra, epochs, seed, s, folder, windo
                 batch_size=s["batch_size"], dropout=0.0, bias=False, max_iters=iterations,
                 lr_decay_iters=iterations, warmup_iters=min(100, iterations // 10), learning_rate=1e-3,
                 min_lr=1e-4, beta2=0.99, eval_interval=10 ** 9, eval_iters=s["eval_iters"], log_interval=10 ** 9,
-                seed=seed, quiet=quiet, overwrite=True)  # study.train_all's defaults (study.py sweeps the rate)
+                seed=seed, quiet=quiet, overwrite=True)  # equal_compute.train_all's defaults (study.py sweeps the rate)
     args.update(extra)
     config = train.resolve_config([f"--{k}={v}" for k, v in args.items()])
     t0 = time.perf_counter()

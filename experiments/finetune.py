@@ -42,6 +42,7 @@ from infra.configurator import QUICK_NOTE, UserError, apply_overrides, check_see
 from infra.dataset import load_dataset
 from infra.progress import StopSignals, check_writable, format_duration, write_atomically
 from infra.timing import machine_name
+from experiments.equal_compute import flops_budget, train_all
 from experiments.study_report import mean_std
 from experiments.tasks import CANDIDATES, TASKS, baselines, classification_scores, make_task, read_texts, retrieval_scores
 
@@ -262,12 +263,12 @@ def study_backbones(config, scale, device, seeds):
     (study.py's folders: <prefix>-<name> for the first seed, <prefix>-seed<seed>-<name> for the others): reused
     when study.py (or an earlier --study) left them finished in out_dir/checkpoints, else trained now with
     study.py's own code at the learning rates its sweep chose. Returns ({(name, seed): folder}, identities)."""
-    from experiments import study as equal_compute
-    s = equal_compute.SCALES[scale]
+    from experiments import study  # its scales and models; imported here, only --study needs them
+    s = study.SCALES[scale]
     _, meta = load_dataset(config["dataset"], s["block_size"], prepare_if_missing=True)
-    budget = equal_compute.flops_budget(s, meta)
+    budget = flops_budget(s, meta)
     prefix = os.path.join(config["out_dir"], "checkpoints", scale)
-    wanted = [m for m in equal_compute.MODELS if m[0] in {name for name, _ in READERS}]
+    wanted = [m for m in study.MODELS if m[0] in {name for name, _ in READERS}]
     folders = {(m[0], seed): f"{prefix}-{m[0]}" if seed == seeds[0] else f"{prefix}-seed{seed}-{m[0]}"
                for m in wanted for seed in seeds}
     study_json = os.path.join(config["out_dir"], f"study-{scale}.json")  # the rates study.py's sweep chose
@@ -288,7 +289,7 @@ def study_backbones(config, scale, device, seeds):
         print(f"[finetune study] pretraining {len(missing)} runs at equal FLOPs (study.py, scale {scale}; learning "
               f"rates " + (f"from {study_json}" if rates else "1e-3: study.py has not chosen them")
               + f"); the others are reused from {prefix}-*", flush=True)
-        trained, _ = equal_compute.train_all(missing, s, config["dataset"], prefix, device, meta, seeds[0], True,
+        trained, _ = train_all(missing, s, config["dataset"], prefix, device, meta, seeds[0], True,
                                              again="the same command goes on from the finished runs")
         if trained is None:  # train_all said which checkpoints are finished; they are reused next time
             raise KeyboardInterrupt  # run_main: status 130 and what is kept (the finished pretraining runs)

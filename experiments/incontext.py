@@ -42,7 +42,7 @@ from data.prepare_common import write_dataset
 from infra.dataset import load_dataset
 from infra.progress import format_duration, format_flops, write_atomically
 from infra.timing import machine_name
-from experiments.study import resolve_experiment, train_and_evaluate_seeds
+from experiments.equal_compute import resolve_experiment, train_and_evaluate_seeds
 
 KEYS, VALUES = "abcdefgh", "ABCDEFGH"
 MAX_DEMONSTRATIONS = 16

@@ -23,7 +23,7 @@ all. Evaluation: exact match of the whole path on fresh graphs (none in the trai
 that follows the edges from the start choosing an arm at random (1/d) and the rule that walks back from the goal
 (100%).
 
-Every objective the project has trains on the same text at equal training FLOPs (experiments/study.py's
+Every objective the project has trains on the same text at equal training FLOPs (experiments/equal_compute.py's
 train_all): gpt, gpt on the reversed paths (the positive control: it must solve the task at this budget), bert
 (mlm), masked diffusion (MLM-U), prefixlm, t5 (span corruption), t5 (UL2). bert and diffusion fill the path's
 slots by unmasking, each in three orders (inference only, the same model): the most confident first, the largest
@@ -39,13 +39,12 @@ import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while 
 import numpy as np
 
 import objectives
-from experiments.study import resolve_experiment, train_and_evaluate_seeds
-from experiments.structural import char_dataset, fill_slots, write_results
+from experiments.equal_compute import resolve_experiment, train_and_evaluate_seeds
+from experiments.structural import char_dataset, compared_models, fill_slots, write_seeds
 from experiments.study_report import plus_minus
-from infra.configurator import QUICK_NOTE, run_main
+from infra.configurator import QUICK_NOTE, UserError, run_main
 from infra.dataset import load_dataset
 from infra.progress import format_flops
-from infra.timing import machine_name
 from kvcache import UNMASK_ORDERS
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", out_dir="results/structural", seed=1337, quiet=True,
@@ -57,7 +56,7 @@ SCALES = {  # model size and budget (gpt iterations); graphs: degree d, path len
                 degree=3, path=5, nodes=40, train_graphs=400_000, eval_graphs=2000, seeds=3),
     "gpu-short": dict(n_layer=6, n_head=6, n_embd=384, block_size=128, batch_size=64, gpt_iters=2500, eval_iters=50,
                 degree=3, path=5, nodes=40, train_graphs=400_000, eval_graphs=2000, seeds=1),  # experiments/gpu_figures.py: one seed, a quarter of the budget
-    "quick": dict(n_layer=1, n_head=2, n_embd=32, block_size=32, batch_size=4, gpt_iters=10, eval_iters=2,
+    "quick": dict(n_layer=1, n_head=2, n_embd=32, block_size=64, batch_size=4, gpt_iters=10, eval_iters=2,
                   degree=2, path=3, nodes=8, train_graphs=300, eval_graphs=16, seeds=1),
 }
 NODE_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -119,16 +118,28 @@ def rule_baselines(graphs, degree, rng):
             "walk back from the goal": backwards / len(graphs)}
 
 
-def evaluate(model, name, graphs, specials, stoi, reversed_paths=False):
+def surroundings(graphs, known, seed, reversed_paths=False):
+    """Where each graph is asked: after one line of a training graph and before another (the paths written as the
+    model was trained to write them), so that it reads like a line of a training window, which always has lines
+    around it. Returns (texts before, texts after)."""
+    rng = np.random.default_rng(seed)
+    chosen = rng.choice(len(known), (len(graphs), 2))
+    ahead = [text_of([known[i]], reversed_paths) for i, _ in chosen]
+    return ahead, ["\n" + text_of([known[j]], reversed_paths) for _, j in chosen]
+
+
+def evaluate(model, graphs, known, specials, stoi, reversed_paths=False, seed=0):
     """{order: exact-match accuracy of the whole path}: one entry for the left-to-right readers, one per unmasking
-    order for bert and diffusion."""
-    prompts = [prompt for prompt, _ in graphs]
+    order for bert and diffusion. known: training graphs, written around the ones asked (surroundings)."""
+    ahead, behind = surroundings(graphs, known, seed, reversed_paths)
+    prompts = [a + prompt for a, (prompt, _) in zip(ahead, graphs)]
     truths = [route[::-1] if reversed_paths else route for _, route in graphs]
     slots = list(range(len(prompts[0]), len(prompts[0]) + len(truths[0])))
     orders = UNMASK_ORDERS if model.config.arch == "bert" else ("left to right",)
     out = {}
     for order in orders:
-        answers = fill_slots(model, prompts, slots, specials, stoi, order=order if order in UNMASK_ORDERS else "confident")
+        answers = fill_slots(model, prompts, slots, specials, stoi, after=behind,
+                             order=order if order in UNMASK_ORDERS else "confident")
         out[order] = sum(a == t for a, t in zip(answers, truths)) / len(truths)
     return out
 
@@ -173,6 +184,10 @@ def main():
     t0 = time.perf_counter()
     rng = np.random.default_rng(config["seed"])
     train_graphs = make_lines(s["train_graphs"], s, rng)
+    line = len(text_of(train_graphs[:1]))
+    if 3 * line > s["block_size"]:  # a question is asked between two training lines (surroundings)
+        raise UserError(f"SCALES['{scale}']: block_size {s['block_size']} cannot hold three lines of {line} "
+                        f"characters; raise it or make the graphs smaller")
     seen = frozenset(prompt for prompt, _ in train_graphs)
     eval_graphs = make_lines(s["eval_graphs"], s, rng, exclude=seen)
     val_graphs = make_lines(max(200, s["train_graphs"] // 20), s, rng, exclude=seen)
@@ -184,27 +199,19 @@ def main():
                             CHARACTERS)
     _, meta = load_dataset(folders["data"], s["block_size"], prepare_if_missing=False)
     specials = objectives.Specials.from_meta(meta)
-    models = [("gpt", "gpt", "clm", {}), ("gpt-reversed", "gpt", "clm", {"dataset": folders["data-reversed"]}),
-              ("bert", "bert", "mlm", {}), ("diffusion", "bert", "diffusion", {}),
-              ("prefixlm", "prefixlm", "prefix_lm", {}), ("t5", "t5", "span_corruption", {}), ("t5-ul2", "t5", "ul2", {})]
+    models = compared_models(folders["data-reversed"])
 
     def evaluate_models(trained):
         return {name: {"val_loss": result["val_loss"],
-                       "accuracy": evaluate(result["model"].eval(), name, eval_graphs, specials, stoi,
+                       "accuracy": evaluate(result["model"].eval(), eval_graphs, train_graphs, specials, stoi,
                                             reversed_paths=name == "gpt-reversed")}
                 for name, result in trained.items()}
 
-    runs, budget, interrupted = train_and_evaluate_seeds("planning", models, s, folders["data"], work, device, meta,
-                                                         config, evaluate_models)
-    if not runs:
-        raise KeyboardInterrupt  # before any seed finished: run_main says what is kept (status 130)
-    data = {"scale": scale, "machine": machine_name(device), "seeds": [run["seed"] for run in runs], "runs": runs,
-            "baselines": rule_baselines(eval_graphs, s["degree"], np.random.default_rng(config["seed"] + 2)),
-            "interrupted": interrupted}
-    data.update(budget_flops=budget, seconds=time.perf_counter() - t0)
-    write_results(config["out_dir"], f"planning-{scale}", data, report(data, s, scale))
-    if interrupted:
-        raise KeyboardInterrupt  # the stop asked for ends the command (status 130) once the seeds finished are written
+    seeds_trained = train_and_evaluate_seeds("planning", models, s, folders["data"], work, device, meta, config,
+                                             evaluate_models)
+    baselines = rule_baselines(eval_graphs, s["degree"], np.random.default_rng(config["seed"] + 2))
+    write_seeds("planning", config, scale, device, seeds_trained, t0, {"baselines": baselines},
+                lambda data: report(data, s, scale))
 
 
 if __name__ == "__main__":

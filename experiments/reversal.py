@@ -15,10 +15,12 @@ direction only, `kx:MZ`; for a training half of the entities it also holds their
 `>kx:MZ` ("the value of kx is MZ") and `<MZ:kx` ("the key of MZ is kx"), so every model learns the two question
 formats. The evaluation half's facts are in the training text too, but never a question about them: evaluation
 asks their forward question `>kx:` and their backward question `<MZ:` (exact match of the answer). Bidirectional
-models are also asked the fact's own line with the key masked, `??:MZ` (the infill layout: B is known, fill in A). Tested: keys and values unique, no
-evaluation question in the training text, the evaluation reads exactly the answer slots.
+models are also asked the fact's own line with the key masked, `??:MZ` (the infill layout: B is known, fill in A;
+Kitouni et al.'s way of asking MLM-U). Every question is asked between other facts, two lines before it and one
+after, as a line stands in a training window. Tested: keys and values unique, no evaluation question in the
+training text, no question among its own entity's facts, the evaluation reads exactly the answer slots.
 
-Every objective the project has trains on the same text at equal training FLOPs (experiments/study.py's
+Every objective the project has trains on the same text at equal training FLOPs (experiments/equal_compute.py's
 train_all): gpt (clm), gpt on the text plus a token-reversed copy of every line (Kitouni et al.'s "AR w/
 reverse"), bert (mlm, 15%), masked diffusion (bert, the rate drawn uniformly: Kitouni et al.'s MLM-U), prefixlm
 (prefix LM), t5 (span corruption) and t5 (UL2). Each answers as it can (experiments/structural.py): left to right
@@ -34,19 +36,18 @@ import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while 
 import numpy as np
 
 import objectives
-from experiments.study import resolve_experiment, train_and_evaluate_seeds
-from experiments.structural import char_dataset, exact_and_per_character, fill_slots, write_results
+from experiments.equal_compute import resolve_experiment, train_and_evaluate_seeds
+from experiments.structural import char_dataset, compared_models, exact_and_per_character, fill_slots, write_seeds
 from experiments.study_report import plus_minus
 from infra.configurator import QUICK_NOTE, run_main
 from infra.dataset import load_dataset
 from infra.progress import format_flops
-from infra.timing import machine_name
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", out_dir="results/structural", seed=1337, quiet=True,
                 reuse=False)  # True: load the runs finished earlier with the same settings
 SCALES = {  # model size and the FLOPs budget (as gpt iterations); entities (half asked in evaluation) of `length`
-    "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=32, batch_size=24, gpt_iters=3000, eval_iters=10,
-                entities=100, length=2, repetitions=200, seeds=3),
+    "cpu": dict(n_layer=2, n_head=4, n_embd=64, block_size=32, batch_size=24, gpt_iters=4000, eval_iters=10,
+                entities=40, length=2, repetitions=200, seeds=3),
     "gpu": dict(n_layer=6, n_head=6, n_embd=384, block_size=64, batch_size=64, gpt_iters=10000, eval_iters=50,
                 entities=1000, length=4, repetitions=100, seeds=3),
     "gpu-short": dict(n_layer=6, n_head=6, n_embd=384, block_size=64, batch_size=64, gpt_iters=2500, eval_iters=50,
@@ -54,8 +55,6 @@ SCALES = {  # model size and the FLOPs budget (as gpt iterations); entities (hal
     "quick": dict(n_layer=1, n_head=2, n_embd=32, block_size=32, batch_size=4, gpt_iters=10, eval_iters=2,
                   entities=20, length=2, repetitions=4, seeds=1),
 }
-SETTINGS = dict(position="rope", learning_rate=3e-3, min_lr=3e-4)  # every model: rotary positions (a fact's line
-# starts anywhere in a training window), the rate of a short run
 KEY_LETTERS, VALUE_LETTERS = "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 CHARACTERS = KEY_LETTERS + VALUE_LETTERS + ":<>?\n"
 MODEL_NAMES = ("gpt", "gpt-reversed", "bert", "diffusion", "prefixlm", "t5", "t5-ul2")
@@ -114,12 +113,36 @@ def slots_of(kind, length):
     return list(range(length)) if kind == "backward, infill" else list(range(length + 2, 2 * length + 2))
 
 
-def evaluate(model, pairs, specials, stoi):
+def surroundings(pairs, entities, seed, before=2, after=1):
+    """Where each question is asked: between other facts (never its own entity's), `before` lines ahead of it and
+    `after` behind it, so that it reads like a line of a training window, which always has lines around it (a
+    bidirectional reader trained on windows has never seen a line alone). Returns (texts before, texts after)."""
+    rng = np.random.default_rng(seed)
+    ahead, behind = [], []
+    for pair in pairs:
+        others = [f"{k}:{v}" for k, v in entities if (k, v) != pair]
+        chosen = [others[i] for i in rng.choice(len(others), before + after, replace=False)]
+        ahead.append("".join(line + "\n" for line in chosen[:before]))
+        behind.append("".join("\n" + line for line in chosen[before:]) + "\n")
+    return ahead, behind
+
+
+def asked(kind, pairs, entities, seed):
+    """The questions of one kind as the models read them: (prompts in their surroundings, answer slots, what
+    follows the slots, truths)."""
+    prompts, truths = questions(pairs)[kind]
+    ahead, behind = surroundings(pairs, entities, seed)
+    slots = [len(ahead[0]) + slot for slot in slots_of(kind, len(pairs[0][0]))]
+    return [a + p for a, p in zip(ahead, prompts)], slots, behind, truths
+
+
+def evaluate(model, pairs, entities, specials, stoi, seed=0):
     """{question kind: (exact, per-character)} for one model on (key, value) pairs; a kind the architecture
     cannot be asked is absent."""
     result = {}
-    for kind, (prompts, truths) in questions(pairs).items():
-        answers = fill_slots(model, prompts, slots_of(kind, len(pairs[0][0])), specials, stoi)
+    for kind in questions(pairs[:1]):
+        prompts, slots, behind, truths = asked(kind, pairs, entities, seed)
+        answers = fill_slots(model, prompts, slots, specials, stoi, after=behind)
         if answers is not None:
             result[kind] = exact_and_per_character(answers, truths)
     return result
@@ -219,27 +242,19 @@ def main():
         folders[variant] = os.path.join(work, variant)
     _, meta = load_dataset(folders["data"], s["block_size"], prepare_if_missing=False)
     specials = objectives.Specials.from_meta(meta)
-    models = [("gpt", "gpt", "clm", {}), ("gpt-reversed", "gpt", "clm", {"dataset": folders["data-reversed"]}),
-              ("bert", "bert", "mlm", {}), ("diffusion", "bert", "diffusion", {}),
-              ("prefixlm", "prefixlm", "prefix_lm", {}), ("t5", "t5", "span_corruption", {}), ("t5-ul2", "t5", "ul2", {})]
-    models = [(name, arch, objective, dict(SETTINGS, **extra)) for name, arch, objective, extra in models]
+    models = compared_models(folders["data-reversed"])
 
     def evaluate_models(trained):
         return {name: {"val_loss": result["val_loss"],
-                       "eval": evaluate(result["model"].eval(), eval_half, specials, stoi),
-                       "train_half_backward": evaluate(result["model"], train_half, specials, stoi)["backward"]}
+                       "eval": evaluate(result["model"].eval(), eval_half, entities, specials, stoi),
+                       "train_half_backward": evaluate(result["model"], train_half, entities, specials,
+                                                       stoi)["backward"]}
                 for name, result in trained.items()}
 
-    runs, budget, interrupted = train_and_evaluate_seeds("reversal", models, s, folders["data"], work, device, meta,
-                                                         config, evaluate_models)
-    if not runs:
-        raise KeyboardInterrupt  # before any seed finished: run_main says what is kept (status 130)
-    data = {"scale": scale, "machine": machine_name(device), "seeds": [run["seed"] for run in runs], "runs": runs,
-            "baselines": rule_baselines(entities, eval_half), "interrupted": interrupted}
-    data.update(budget_flops=budget, seconds=time.perf_counter() - t0)
-    write_results(config["out_dir"], f"reversal-{scale}", data, report(data, s, scale))
-    if interrupted:
-        raise KeyboardInterrupt  # the stop asked for ends the command (status 130) once the seeds finished are written
+    seeds_trained = train_and_evaluate_seeds("reversal", models, s, folders["data"], work, device, meta, config,
+                                             evaluate_models)
+    write_seeds("reversal", config, scale, device, seeds_trained, t0, {"baselines": rule_baselines(entities, eval_half)},
+                lambda data: report(data, s, scale))
 
 
 if __name__ == "__main__":

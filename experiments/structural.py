@@ -14,14 +14,35 @@ dataset written like any prepared one, the one way each architecture fills the a
 
 Answers are exact: argmax (temperature 0) at every step, over the text characters only.
 """
+import sys
+
+if __name__ == "__main__":  # beside the commands, but not one: one line, not an import error
+    sys.exit("structural.py: a helper of reversal.py, planning.py and tagging.py, not a command: "
+             "experiments/README.md lists the commands")
+
 import json
 import os
+import time
 
 import torch
 
 import kvcache
 from data.prepare_common import write_dataset
 from infra.progress import format_duration, write_atomically
+from infra.timing import machine_name
+
+
+SETTINGS = dict(position="rope", learning_rate=3e-3, min_lr=3e-4)  # every model: rotary positions (a line starts
+# anywhere in a training window), the rate of a short run
+
+
+def compared_models(reversed_dataset):
+    """Every objective the project has, as train_all's (name, arch, objective, settings), plus gpt trained on the
+    text in which each line's answer is written the other way round (its dataset folder: reversed_dataset)."""
+    models = [("gpt", "gpt", "clm", {}), ("gpt-reversed", "gpt", "clm", {"dataset": reversed_dataset}),
+              ("bert", "bert", "mlm", {}), ("diffusion", "bert", "diffusion", {}),
+              ("prefixlm", "prefixlm", "prefix_lm", {}), ("t5", "t5", "span_corruption", {}), ("t5-ul2", "t5", "ul2", {})]
+    return [(name, arch, objective, dict(SETTINGS, **extra)) for name, arch, objective, extra in models]
 
 
 def char_dataset(folder, train_text, val_text, characters):
@@ -51,8 +72,9 @@ def greedy_continuation(model, ids, length, text_ids):
 def fill_slots(model, prompts, slots, specials, stoi, order="confident", after="\n"):
     """The answer each row of `prompts` gets, as strings. prompts: strings of one length; slots: the positions to
     fill (the suffix layout: slots == len(prompt) .. len(prompt) + n - 1; else the infill layout, slots inside the
-    prompt, which hold a placeholder character). `after`: what follows the slots in the training lines (bert and
-    t5 read it; the causal readers never need it). Returns None where the architecture cannot be asked."""
+    prompt, which hold a placeholder character). `after`: what follows the slots, one string or one per row (all
+    of one length): bert and t5 read it, the causal readers never need it. Returns None where the architecture
+    cannot be asked."""
     device = next(model.parameters()).device
     arch, P = model.config.arch, len(prompts[0])
     itos = {i: c for c, i in stoi.items()}
@@ -60,7 +82,8 @@ def fill_slots(model, prompts, slots, specials, stoi, order="confident", after="
     banned = torch.arange(specials.num_ordinary, model.config.vocab_size, device=device)
     suffix = slots == list(range(P, P + len(slots)))
     ids = torch.tensor([[stoi[c] for c in p] for p in prompts], device=device)  # (B, P)
-    tail = torch.tensor([[stoi[c] for c in after]] * len(prompts), device=device)
+    afters = [after] * len(prompts) if isinstance(after, str) else after
+    tail = torch.tensor([[stoi[c] for c in a] for a in afters], device=device)  # (B, len(after))
     if arch in ("gpt", "prefixlm"):
         if not suffix:
             return None
@@ -92,6 +115,21 @@ def exact_and_per_character(answers, truths):
     exact = sum(a == t for a, t in zip(answers, truths)) / len(truths)
     characters = sum(x == y for a, t in zip(answers, truths) for x, y in zip(a, t)) / sum(len(t) for t in truths)
     return exact, characters
+
+
+def write_seeds(name, config, scale, device, seeds_trained, started, extra, report):
+    """The end of a structural experiment: its data (train_and_evaluate_seeds' (runs, budget, interrupted), the
+    machine, the time, and `extra`) and report(data) written as out_dir/<name>-<scale>.{json,md}. A stop ends the
+    command with status 130 once what finished is written; a stop before any seed finished writes nothing."""
+    runs, budget, interrupted = seeds_trained
+    if not runs:
+        raise KeyboardInterrupt  # run_main says what is kept
+    data = dict({"scale": scale, "machine": machine_name(device), "seeds": [run["seed"] for run in runs],
+                 "runs": runs, "interrupted": interrupted, "budget_flops": budget,
+                 "seconds": time.perf_counter() - started}, **extra)
+    write_results(config["out_dir"], f"{name}-{scale}", data, report(data))
+    if interrupted:
+        raise KeyboardInterrupt
 
 
 def write_results(out_dir, name, data, text):

@@ -2,6 +2,12 @@
 The equal-compute study's report (study.py): every table of study-<scale>.md and the plot, from the results dict
 study.main collects (the same dict it writes as study-<scale>.json). Numbers are means +- sample std over seeds.
 """
+import sys
+
+if __name__ == "__main__":  # beside the commands, but not one: one line, not an import error
+    sys.exit("study_report.py: a helper of study.py, not a command: "
+             "experiments/README.md lists the commands")
+
 import math
 
 import numpy as np

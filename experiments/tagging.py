@@ -40,7 +40,7 @@ from experiments.finetune import Backbone, hidden_states, study_backbones
 from experiments.study_report import plus_minus
 from experiments.tasks import read_texts
 from infra.configurator import QUICK_NOTE, UserError, output_folder, run_main
-from experiments.study import resolve_experiment
+from experiments.equal_compute import resolve_experiment
 from infra.progress import StopSignals, format_duration
 from experiments.structural import write_results
 from infra.timing import machine_name
@@ -244,6 +244,9 @@ def report(data, s, scale):
 
 def main():
     config, scale, device = resolve_experiment(DEFAULTS, SCALES, "tagging", (".md", ".json"))
+    if not config["study_dir"]:
+        raise UserError(f"--study_dir is empty: name the folder whose study checkpoints are read (the default is "
+                        f"{DEFAULTS['study_dir']})")
     if os.path.exists(config["study_dir"]) and not os.path.isdir(config["study_dir"]):  # missing: pretrained there
         raise UserError(f"--study_dir={config['study_dir']} is a file: pass the --out_dir of experiments/study.py "
                         f"or finetune.py --study (default {DEFAULTS['study_dir']}), whose checkpoints are read")

@@ -19,6 +19,12 @@ Baselines: the majority class of the training examples and a character 1-3-gram 
 steps and L2 chosen on held-out training examples), which measures how far character statistics get; for
 retrieval chance and the cosine similarity of character n-gram counts.
 """
+import sys
+
+if __name__ == "__main__":  # beside the commands, but not one: one line, not an import error
+    sys.exit("tasks.py: a helper of finetune.py, not a command: "
+             "experiments/README.md lists the commands")
+
 import numpy as np
 
 from infra.configurator import UserError

@@ -205,6 +205,18 @@ def test_messages_name_the_real_problem(trained, char_dataset, tmp_path):
     one_line(result, "as many tokens", "other ones")
 
 
+def test_the_experiments_helpers_and_options_say_what_they_are(tmp_path):
+    """A helper among the commands, run as one, says it is not one (no import traceback); --scale=quick is refused
+    (the quick scale writes to out-quick/ with --quick only, never into results/); an empty --study_dir is named."""
+    for helper in ("structural", "study_report", "tasks", "equal_compute"):
+        result = run_script(f"experiments/{helper}.py")
+        assert result.returncode == 1 and "not a command" in result.stderr and "Traceback" not in result.stderr
+    one_line(run_script("experiments/tagging.py", "--scale=quick", f"--out_dir={tmp_path}"), "unknown --scale=quick",
+             "(or --quick)")
+    assert not os.listdir(tmp_path)
+    one_line(run_script("experiments/tagging.py", "--quick", "--study_dir="), "--study_dir is empty")
+
+
 # ----------------------------------------------------------------------------- 7. edges
 
 def test_a_config_file_that_exits_is_refused(tmp_path):

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import objectives
 import train
-from experiments import study
+from experiments import equal_compute, study
 from experiments.study_report import past_the_plateau
 
 V, T, N = 12, 24, 32  # text vocabulary, window length, windows
@@ -315,7 +315,7 @@ def test_the_c2_ablation_trains_on_80_10_10_against_100_percent_mask(specials, m
     for name in ("bert", "bert-100%-mask"):
         run = study.study_run(by_name[name], 5e-4, 1337, "out", 2)
         extra = {k: v for k, v in run[3].items() if k != "budget_fraction"}
-        config = study.equal_flops_config((run[0], run[1], run[2], extra), 2, s, "shakespeare_char", "out", "cpu",
+        config = equal_compute.equal_flops_config((run[0], run[1], run[2], extra), 2, s, "shakespeare_char", "out", "cpu",
                                           meta, 1337, True, 1e9)
         shares[name] = mask_shares(config, specials)
     (rate, mask, random), (rate_100, mask_100, random_100) = shares["bert"], shares["bert-100%-mask"]

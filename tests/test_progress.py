@@ -49,6 +49,16 @@ def test_progress_lines_during_a_slow_evaluation(char_dataset, tmp_path, capsys,
     assert "projected on cpu: each evaluation (train and val)" in out  # the first evaluation projects the run
 
 
+def test_a_quiet_run_still_says_how_far_it_is(char_dataset, tmp_path, capsys, monkeypatch):
+    """The experiments train quietly (their own lines only), but a run of minutes must still talk: every
+    SECONDS_BETWEEN_LINES one short line with the iteration and the time left, and nothing else of train.py's."""
+    monkeypatch.setattr(train, "SECONDS_BETWEEN_LINES", 0.0)  # every step is "due"
+    train.train(train.resolve_config(tiny_args(char_dataset, str(tmp_path / "o"), max_iters=6, quiet=True)))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and all(line.startswith("  iter ") and line.endswith(" left in this run") for line in lines), lines
+    assert [line.split()[1] for line in lines] == [f"{i}/6:" for i in range(6)]
+
+
 def test_a_signal_during_evaluation_stops_within_seconds_and_saves(char_dataset, tmp_path):
     out = str(tmp_path / "o")
     process = start_train(*tiny_args(char_dataset, out, eval_iters=1_000_000, quiet=False))  # an endless evaluation

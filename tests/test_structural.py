@@ -40,6 +40,7 @@ class Oracle:
         # t5 reads a prompt with its slots replaced by one sentinel, "#" here
         self.by_encoder = {p[:slots[0]] + "#" + p[slots[-1] + 1:] if slots[0] < self.length else p + "#": a
                            for p, a in answers.items()}
+        self.source_length = len(next(iter(self.by_encoder)))  # what follows it in the encoder is not the prompt
 
     def parameters(self):
         return iter([self.parameter])
@@ -80,7 +81,7 @@ class Oracle:
         decoder, memory = hidden
         out = []
         for row, (written, source) in enumerate(zip(decoder.tolist(), memory.tolist())):
-            answer = self.by_encoder[self.text(source).split("\n")[0]]
+            answer = self.by_encoder[self.text(source)[:self.source_length]]
             if len(written) - 2 < len(answer):  # [PAD] <S0>, then the span
                 out.append(((row, len(written) - 1), answer[len(written) - 2]))
         return self.peaked(decoder.shape, out)
@@ -111,10 +112,13 @@ def test_the_reversal_evaluation_reads_exactly_the_answer_slots(arch, kind):
     causal readers have no way to be asked the infill layout."""
     entities = reversal.make_entities(12, np.random.default_rng(1))
     specials, stoi = specials_and_stoi(reversal.CHARACTERS)
-    prompts, truths = reversal.questions(entities)[kind]
-    slots = reversal.slots_of(kind, 2)
+    prompts, slots, behind, truths = reversal.asked(kind, entities[6:], entities, seed=0)
+    bare, _ = reversal.questions(entities[6:])[kind]
+    assert all(p.endswith(q) and p.count("\n") == 2 for p, q in zip(prompts, bare))  # two other facts ahead
+    around = [p[:-len(q)] + b for p, q, b in zip(prompts, bare, behind)]
+    assert all(k not in text and v not in text for (k, v), text in zip(entities[6:], around))  # not its own fact
     oracle = Oracle(arch, dict(zip(prompts, truths)), specials, stoi, slots)
-    answers = fill_slots(oracle, prompts, slots, specials, stoi)
+    answers = fill_slots(oracle, prompts, slots, specials, stoi, after=behind)  # what reversal.evaluate does
     if kind == "backward, infill" and arch in ("gpt", "prefixlm"):
         assert answers is None
     else:
@@ -173,11 +177,15 @@ def test_the_planning_evaluation_reads_the_path_slots(arch):
     edges from the start taking the first arm listed is right only where that arm is the goal's."""
     s = planning.SCALES["cpu"]
     graphs = planning.make_lines(40, s, np.random.default_rng(5))
+    known = planning.make_lines(10, s, np.random.default_rng(6))  # the training graphs written around the asked
+    ahead, behind = planning.surroundings(graphs, known, seed=0)
+    lines = {planning.text_of([graph]) for graph in known}
+    assert all(a in lines and b[1:] in lines and b[0] == "\n" for a, b in zip(ahead, behind))
+    asked = [a + prompt for a, (prompt, _) in zip(ahead, graphs)]
     specials, stoi = specials_and_stoi(planning.CHARACTERS)
-    start = len(graphs[0][0])
-    slots = list(range(start, start + len(graphs[0][1])))
-    solver = Oracle(arch, {prompt: solve(prompt) for prompt, _ in graphs}, specials, stoi, slots)
-    assert set(planning.evaluate(solver, arch, graphs, specials, stoi).values()) == {1.0}
+    slots = list(range(len(asked[0]), len(asked[0]) + len(graphs[0][1])))
+    solver = Oracle(arch, {q: solve(q.split("\n")[-1]) for q in asked}, specials, stoi, slots)
+    assert set(planning.evaluate(solver, graphs, known, specials, stoi).values()) == {1.0}
 
     def first_arm(prompt):
         edges = [(e[0], e[1]) for e in prompt.split("/")[0].split(",")]
@@ -187,9 +195,9 @@ def test_the_planning_evaluation_reads_the_path_slots(arch):
             route += node
         return route
 
-    clever = Oracle(arch, {prompt: first_arm(prompt) for prompt, _ in graphs}, specials, stoi, slots)
+    clever = Oracle(arch, {q: first_arm(q.split("\n")[-1]) for q in asked}, specials, stoi, slots)
     expected = sum(first_arm(p) == r for p, r in graphs) / len(graphs)
-    assert set(planning.evaluate(clever, arch, graphs, specials, stoi).values()) == {expected}
+    assert set(planning.evaluate(clever, graphs, known, specials, stoi).values()) == {expected}
     assert 0 < expected < 1
 
 

@@ -30,10 +30,13 @@ def test_every_arch_trains_and_its_loss_decreases(char_dataset, tmp_path, arch, 
 
 def test_supervised_tokens_are_logged_per_objective(char_dataset, tmp_path, capsys):
     args = tiny_args(char_dataset, str(tmp_path / "o"), "bert", max_iters=6, quiet=False, log_interval=1)
-    train.train(train.resolve_config(args))
+    result = train.train(train.resolve_config(args))
     line = [l for l in capsys.readouterr().out.splitlines() if l.startswith("iter 5")][0]
     tok, sup = [float(part.split()[0].replace(",", "")) for part in line.split(", ")[2:4]]
-    assert "supervised tok/s" in line and "mfu" in line and abs(sup / tok - 0.15) < 0.01
+    assert line.split(", ")[3].endswith("supervised tok/s") and "mfu" in line
+    assert abs(result["supervised_seen"] / result["tokens_seen"] - 0.15) < 0.01  # claim C1: bert reads 15%
+    assert abs(sup - 0.15 * tok) <= 0.01 * tok + 1  # the printed rates say the same (rounded to whole tokens/s:
+    # on a slow machine they are small numbers, so the ratio of the printed values is not compared)
 
 
 def test_max_flops_budget_stops_training(char_dataset, tmp_path):

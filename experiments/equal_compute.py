@@ -1,0 +1,171 @@
+"""
+The experiments' shared harness: train several objectives to the same training FLOPs, over seeds, and start an
+experiment's command the same way everywhere. Not a command; study.py, incontext.py, reversal.py, planning.py,
+tagging.py, epochs.py and finetune.py build on it.
+
+    train_all(models, ...)             every (name, arch, objective, settings) to the FLOPs of s["gpt_iters"]
+                                       iterations of the gpt of scale s (forward + backward, t5's two stacks
+                                       counted), each with a learning rate that decays over its own share
+    train_and_evaluate_seeds(...)      that, for each seed, followed by the experiment's own evaluation
+    resolve_experiment(...)            overrides, scale (--quick wins), device, result files checked writable
+
+Why equal FLOPs and not equal iterations: an iteration of bert reads 15% of its positions and one of t5 runs two
+stacks, so equal iterations would hand one objective more compute than another (claim C1 is about exactly that).
+"""
+import sys
+
+if __name__ == "__main__":  # beside the commands, but not one: one line, not an import error
+    sys.exit("equal_compute.py: a helper of every experiment, not a command: "
+             "experiments/README.md lists the commands")
+
+import json
+import os
+import time
+
+import torch
+
+import objectives
+import train
+from infra.checkpoint import load_model
+from infra.configurator import UserError, apply_overrides, output_folder, pick_device
+from infra.dataset import fingerprint, load_dataset
+from infra.progress import StopSignals, check_writable, format_duration, format_flops, write_atomically
+from infra.train_config import model_config
+from model import ModelConfig, Transformer
+
+
+def resolve_experiment(defaults, scales, name, extensions=(".md", ".json", ".png")):
+    """The common start of the experiments: overrides, the scale (--quick wins), seed and device, and the result
+    files (out_dir/<name>-<scale><extension>) checked writable before any work."""
+    config = apply_overrides(defaults, sys.argv[1:])
+    config["out_dir"] = output_folder(config, defaults)
+    scale = "quick" if config["quick"] else config["scale"]
+    if scale not in scales or (scale == "quick" and not config["quick"]):  # quick output goes to out-quick/ only
+        raise UserError(f"unknown --scale={scale}: {', '.join(k for k in scales if k != 'quick')} (or --quick)")
+    check_writable([os.path.join(config["out_dir"], f"{name}-{scale}{extension}") for extension in extensions])
+    return config, scale, pick_device(config["device"])
+
+
+def train_and_evaluate_seeds(label, models, s, dataset, work, device, meta, config, evaluate):
+    """The seed loop of the small experiments: for each of s["seeds"] seeds (config["seed"] + k), train `models` to
+    equal FLOPs (checkpoints in work/seed<seed>-<name>) and evaluate({name: summary}) them. A stop while training
+    or evaluating ends the loop, keeping the seeds finished. Returns (runs, budget, interrupted), runs a list of
+    {"seed": seed, "models": evaluate's result}."""
+    runs, budget, t0 = [], None, time.perf_counter()
+    seeds = [config["seed"] + k for k in range(s["seeds"])]
+    for number, seed in enumerate(seeds):
+        print(f"[{label}] seed {number + 1}/{len(seeds)}, {format_duration(time.perf_counter() - t0)} so far", flush=True)
+        trained, budget = train_all(models, s, dataset, os.path.join(work, f"seed{seed}"), device, meta, seed,
+                                    config["quiet"], reuse=config["reuse"])
+        if trained is None:
+            return runs, budget, True
+        try:
+            with StopSignals(immediate=True):
+                runs.append({"seed": seed, "models": evaluate(trained)})
+        except KeyboardInterrupt:
+            print(f"interrupted while evaluating seed {seed}", flush=True)
+            return runs, budget, True
+    return runs, budget, False
+
+
+def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=False, divergence_is_a_result=False,
+              again="--reuse=True goes on from the finished runs"):
+    """Train each (name, arch, objective, extra settings) of `models` on `dataset` to the same training FLOPs:
+    s["gpt_iters"] iterations of the gpt of shape s (times extra["budget_fraction"], if given). Checkpoints go to
+    <checkpoints>-<name> unless extra names an out_dir; extra may also set learning_rate, min_lr and seed.
+    reuse=True: a run whose folder holds a finished run of exactly these settings (study_run.json, written after
+    training) is loaded instead of retrained, so a long study stopped half-way goes on where it stopped.
+    divergence_is_a_result=True (a learning-rate sweep): a run whose loss stops being finite is recorded as
+    {"diverged": why, "val_loss": None} and the others go on; otherwise it ends the study with one line.
+    again: how the caller's command goes on after an interruption, for the message.
+    Returns ({name: train.train's summary + seconds and objective}, budget), or (None, budget) if interrupted."""
+    budget = flops_budget(s, meta)
+    fractions = [m[3].get("budget_fraction", 1.0) for m in models]  # a run costs its share of the budget
+    trained, started, units_done = {}, time.perf_counter(), 0.0
+    tokens = {}  # dataset -> fingerprint of the tokens: a run is reused only if it read the same ones
+    for number, (name, arch, objective, extra) in enumerate(models):
+        extra = dict(extra)
+        fraction = extra.pop("budget_fraction", 1.0)
+        elapsed = time.perf_counter() - started
+        left = f", ~{format_duration(elapsed / units_done * sum(fractions[number:]))} of training left" \
+            if units_done and elapsed > 1 else ""
+        print(f"[train at equal FLOPs] run {number + 1}/{len(models)}: {name} ({arch}, {objective}){left}", flush=True)
+        run_config = equal_flops_config((name, arch, objective, extra), fraction, s, dataset, checkpoints, device,
+                                        meta, seed, quiet, budget)
+        record = os.path.join(run_config["out_dir"], "study_run.json")
+        if run_config["dataset"] not in tokens:
+            tokens[run_config["dataset"]] = fingerprint(load_dataset(run_config["dataset"], s["block_size"], True)[0])
+        settings = dict({k: v for k, v in run_config.items() if k not in ("quiet", "overwrite")},
+                        tokens=tokens[run_config["dataset"]])
+        if reuse and os.path.exists(record):
+            with open(record) as f:
+                done = json.load(f)
+            if done["settings"] == json.loads(json.dumps(settings)):
+                result = dict(done["summary"], model=load_model(os.path.join(run_config["out_dir"], "ckpt.pt"),
+                                                                device)[0], meta=meta, reused=True)
+                print(f"reused {name}: finished earlier with the same settings ({run_config['out_dir']})", flush=True)
+                trained[name] = result  # the time left is estimated from the runs trained now only
+                continue
+        if os.path.exists(record):
+            os.remove(record)  # from now on the folder holds this run, finished or not
+        t0 = time.perf_counter()
+        try:
+            result = train.train(run_config)
+        except train.TrainingDiverged as e:
+            if not divergence_is_a_result:
+                raise UserError(f"{name} diverged: {e} (lower that model's rate, or the top of the "
+                                f"experiment's SCALES learning_rates; --reuse=True keeps the runs already finished)") from None
+            print(f"{name} diverged: {e}", flush=True)
+            trained[name] = {"diverged": str(e), "val_loss": None}
+            units_done += fraction
+            continue
+        if result["interrupted"]:
+            not_trained = [m[0] for m in models[number:]]
+            print(f"interrupted: trained {', '.join(trained) or 'no model'}; not finished: {', '.join(not_trained)} "
+                  f"({name}'s checkpoint is in {run_config['out_dir']}); no metrics computed, they compare every "
+                  f"model ({again})", flush=True)
+            return None, budget
+        result["seconds"] = time.perf_counter() - t0
+        result["objective"] = objective
+        summary = {k: v for k, v in result.items() if k not in ("model", "meta", "interrupted")}
+        write_atomically(record, json.dumps({"settings": settings, "summary": summary}))
+        print(f"trained {name}: {result['iter_num']} iterations, {format_flops(result['flops'])}, "
+              f"{result['seconds']:.0f} s, val loss {result['val_loss']:.4f} ({objective})", flush=True)
+        trained[name] = result
+        units_done += fraction
+    return trained, budget
+
+
+def equal_flops_config(model, fraction, s, dataset, checkpoints, device, meta, seed, quiet, budget):
+    """train.py's config for one (name, arch, objective, extra settings) of train_all: the shape of scale s (t5 splits
+    its layers), `fraction` of the FLOPs budget, and a learning rate that decays over the model's own share of it
+    (its own iteration count). What a study run trains with is this, and nothing else."""
+    name, arch, objective, extra = model
+    layers = dict(n_layer=s["n_layer"] // 2 or 1, n_decoder_layer=s["n_layer"] // 2 or 1) if arch == "t5" else {}
+    iterations = max(1, round(fraction * s["gpt_iters"]))
+    args = dict(arch=arch, objective=objective, dataset=dataset, device=device, out_dir=f"{checkpoints}-{name}",
+                n_layer=s["n_layer"], n_head=s["n_head"], n_embd=s["n_embd"], block_size=s["block_size"],
+                batch_size=s["batch_size"], dropout=0.0, bias=False, max_iters=10 ** 9,
+                max_flops=float(fraction * budget), lr_decay_iters=iterations, warmup_iters=min(100, iterations // 10),
+                learning_rate=1e-3, min_lr=1e-4, beta2=0.99, eval_interval=10 ** 9, eval_iters=20,
+                log_interval=10 ** 9, seed=seed, quiet=quiet, overwrite=True)
+    args.update(**layers, **extra, eval_iters=s["eval_iters"])
+    config = train.resolve_config([f"--{k}={v}" for k, v in args.items()])
+    config["lr_decay_iters"] = int(fraction * budget / estimate_step_flops(config, s, meta)) + 1
+    return config
+
+
+def flops_budget(s, meta):
+    """Every model's training FLOPs: s["gpt_iters"] iterations of the gpt of shape s."""
+    gpt = Transformer(ModelConfig(arch="gpt", vocab_size=meta["vocab_size"], block_size=s["block_size"], n_layer=s["n_layer"],
+                                  n_head=s["n_head"], n_embd=s["n_embd"], bias=False))
+    one_batch = objectives.clm(torch.zeros(s["batch_size"], s["block_size"] + 1, dtype=torch.long))
+    return s["gpt_iters"] * gpt.training_flops(one_batch)
+
+
+def estimate_step_flops(config, s, meta):
+    """FLOPs of one training step, from a batch the objective really produces (t5's lengths depend on it)."""
+    model = Transformer(model_config(config, vocab_size=meta["vocab_size"]))
+    specials = objectives.Specials.from_meta(meta)
+    windows = torch.randint(0, specials.num_ordinary, (s["batch_size"], s["block_size"] + 1))
+    return model.training_flops(objectives.batch_for(config, windows, specials, torch.Generator().manual_seed(0)))
