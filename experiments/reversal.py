@@ -37,14 +37,16 @@ import numpy as np
 
 import objectives
 from experiments.equal_compute import resolve_experiment, train_and_evaluate_seeds
-from experiments.structural import char_dataset, compared_models, exact_and_per_character, fill_slots, write_seeds
+from experiments.structural import (char_dataset, compared_models, exact_and_per_character, fill_slots, result_name,
+                                    select, write_seeds)
 from experiments.study_report import plus_minus
 from infra.configurator import QUICK_NOTE, run_main
 from infra.dataset import load_dataset
 from infra.progress import format_flops
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", out_dir="results/structural", seed=1337, quiet=True,
-                reuse=False)  # True: load the runs finished earlier with the same settings
+                reuse=False,  # True: load the runs finished earlier with the same settings
+                models="all", budget=1.0)  # some models only (comma-separated), at a multiple of the FLOPs budget
 SCALES = {  # model size and the FLOPs budget (as gpt iterations); entities (half asked in evaluation) of `length`
     "cpu": dict(n_layer=2, n_head=4, n_embd=64, block_size=32, batch_size=24, gpt_iters=4000, eval_iters=10,
                 entities=40, length=2, repetitions=200, seeds=3),
@@ -191,7 +193,8 @@ def report(data, s, scale):
     lines += [f"The reversal curse (claim X4), scale `{scale}` ({s['n_layer']} layers x {s['n_embd']} dims, block "
               f"{s['block_size']}; t5 {s['n_layer'] // 2 or 1} + {s['n_layer'] // 2 or 1}), {s['entities']} entities "
               f"(half asked), each training text {s['repetitions']} shuffled repetitions of its lines, "
-              f"{format_flops(data['budget_flops'])} per model (= {s['gpt_iters']} gpt iterations), "
+              f"{format_flops(data['budget_flops'] * data['budget_multiple'])} per model (= "
+              f"{s['gpt_iters'] * data['budget_multiple']:g} gpt iterations), "
               f"{len(data['seeds'])} seeds ({', '.join(map(str, data['seeds']))}), on {data['machine']}, "
               f"{data['seconds'] / 60:.1f} min. Exact match of the {s['length']}-character answer on the evaluation half's "
               f"questions, mean +- std over seeds (in brackets: per-character accuracy, the published tables' "
@@ -228,6 +231,7 @@ def report(data, s, scale):
 
 def main():
     config, scale, device = resolve_experiment(DEFAULTS, SCALES, "reversal", (".md", ".json"))
+    result = result_name(config, MODEL_NAMES, "reversal", scale)
     s = SCALES[scale]
     t0 = time.perf_counter()
     rng = np.random.default_rng(config["seed"])
@@ -251,9 +255,11 @@ def main():
                                                        stoi)["backward"]}
                 for name, result in trained.items()}
 
+    models = select(config, models)
     seeds_trained = train_and_evaluate_seeds("reversal", models, s, folders["data"], work, device, meta, config,
                                              evaluate_models)
-    write_seeds("reversal", config, scale, device, seeds_trained, t0, {"baselines": rule_baselines(entities, eval_half)},
+    write_seeds(result, config, scale, device, seeds_trained, t0,
+                {"baselines": rule_baselines(entities, eval_half), "budget_multiple": config["budget"]},
                 lambda data: report(data, s, scale))
 
 

@@ -28,7 +28,8 @@ import torch
 
 import kvcache
 from data.prepare_common import write_dataset
-from infra.progress import format_duration, write_atomically
+from infra.configurator import UserError
+from infra.progress import check_writable, format_duration, write_atomically
 from infra.timing import machine_name
 
 
@@ -43,6 +44,29 @@ def compared_models(reversed_dataset):
               ("bert", "bert", "mlm", {}), ("diffusion", "bert", "diffusion", {}),
               ("prefixlm", "prefixlm", "prefix_lm", {}), ("t5", "t5", "span_corruption", {}), ("t5-ul2", "t5", "ul2", {})]
     return [(name, arch, objective, dict(SETTINGS, **extra)) for name, arch, objective, extra in models]
+
+
+def result_name(config, names, name, scale):
+    """Check --models (all, or some of `names`, comma-separated) and --budget (a multiple of the scale's FLOPs
+    budget: at what budget does a model that fails the positive control pass?) before any work, and name the
+    result: <name>-<scale>, plus the models' names and -x<budget> when they are not the defaults (a partial run
+    never overwrites the whole one). Its files are checked writable here too."""
+    wanted = names if config["models"] == "all" else config["models"].split(",")
+    if not wanted or any(w not in names for w in wanted):
+        raise UserError(f"--models={config['models']}: choose all, or some of {', '.join(names)} (comma-separated)")
+    if not isinstance(config["budget"], (int, float)) or not 0 < config["budget"] <= 1000:
+        raise UserError(f"--budget={config['budget']}: a multiple of the scale's FLOPs budget, in (0, 1000]")
+    result = f"{name}-{scale}" + ("" if config["models"] == "all" else "-" + "-".join(wanted)) \
+        + ("" if config["budget"] == 1 else f"-x{config['budget']:g}")
+    check_writable([os.path.join(config["out_dir"], result + extension) for extension in (".md", ".json")])
+    return result
+
+
+def select(config, models):
+    """The models --models names (checked by result_name), each at --budget times the FLOPs budget."""
+    wanted = config["models"].split(",")
+    return [(n, arch, objective, dict(extra, budget_fraction=config["budget"])) for n, arch, objective, extra in models
+            if config["models"] == "all" or n in wanted]
 
 
 def char_dataset(folder, train_text, val_text, characters):
@@ -117,9 +141,9 @@ def exact_and_per_character(answers, truths):
     return exact, characters
 
 
-def write_seeds(name, config, scale, device, seeds_trained, started, extra, report):
+def write_seeds(result, config, scale, device, seeds_trained, started, extra, report):
     """The end of a structural experiment: its data (train_and_evaluate_seeds' (runs, budget, interrupted), the
-    machine, the time, and `extra`) and report(data) written as out_dir/<name>-<scale>.{json,md}. A stop ends the
+    machine, the time, and `extra`) and report(data) written as out_dir/<result>.{json,md}. A stop ends the
     command with status 130 once what finished is written; a stop before any seed finished writes nothing."""
     runs, budget, interrupted = seeds_trained
     if not runs:
@@ -127,7 +151,7 @@ def write_seeds(name, config, scale, device, seeds_trained, started, extra, repo
     data = dict({"scale": scale, "machine": machine_name(device), "seeds": [run["seed"] for run in runs],
                  "runs": runs, "interrupted": interrupted, "budget_flops": budget,
                  "seconds": time.perf_counter() - started}, **extra)
-    write_results(config["out_dir"], f"{name}-{scale}", data, report(data))
+    write_results(config["out_dir"], result, data, report(data))
     if interrupted:
         raise KeyboardInterrupt
 

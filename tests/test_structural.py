@@ -243,3 +243,20 @@ def test_each_structural_experiment_runs_end_to_end(name, char_dataset, tmp_path
         assert set(data["runs"][0]["models"]) == set(getattr({"reversal": reversal, "planning": planning}[name],
                                                            "MODEL_NAMES"))
         assert "Published:" in text
+
+
+@pytest.mark.parametrize("name", ["reversal", "planning"])
+def test_some_models_at_a_larger_budget_are_a_result_of_their_own(name, tmp_path):
+    """--models and --budget: the models named, each at that multiple of the FLOPs budget, written beside (never
+    over) the whole experiment's result; a name that is no model is refused before anything is written."""
+    module = {"reversal": reversal, "planning": planning}[name]
+    result = run_script(f"experiments/{name}.py", "--quick", f"--out_dir={tmp_path}", "--models=gpt,bert",
+                        "--budget=2")
+    assert result.returncode == 0, result.stderr[-2000:]
+    data = json.loads((tmp_path / f"{name}-quick-gpt-bert-x2.json").read_text())
+    assert set(data["runs"][0]["models"]) == {"gpt", "bert"} and data["budget_multiple"] == 2
+    one = module.SCALES["quick"]["gpt_iters"]
+    assert f"(= {2 * one} gpt iterations)" in (tmp_path / f"{name}-quick-gpt-bert-x2.md").read_text()
+    refused = run_script(f"experiments/{name}.py", "--quick", f"--out_dir={tmp_path / 'other'}", "--models=gpt,bort")
+    assert refused.returncode == 2 and "--models=gpt,bort" in refused.stderr and "Traceback" not in refused.stderr
+    assert not (tmp_path / "other" / "checkpoints").exists()
