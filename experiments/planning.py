@@ -211,8 +211,8 @@ def main():
                                             reversed_paths=name == "gpt-reversed")}
                 for name, result in trained.items()}
 
-    models = select(config, models)
-    seeds_trained = train_and_evaluate_seeds("planning", models, s, folders["data"], work, device, meta, config,
+    models, checkpoints = select(config, models, work)
+    seeds_trained = train_and_evaluate_seeds("planning", models, s, folders["data"], checkpoints, device, meta, config,
                                              evaluate_models)
     baselines = rule_baselines(eval_graphs, s["degree"], np.random.default_rng(config["seed"] + 2))
     write_seeds(result, config, scale, device, seeds_trained, t0,

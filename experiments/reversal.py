@@ -255,8 +255,8 @@ def main():
                                                        stoi)["backward"]}
                 for name, result in trained.items()}
 
-    models = select(config, models)
-    seeds_trained = train_and_evaluate_seeds("reversal", models, s, folders["data"], work, device, meta, config,
+    models, checkpoints = select(config, models, work)
+    seeds_trained = train_and_evaluate_seeds("reversal", models, s, folders["data"], checkpoints, device, meta, config,
                                              evaluate_models)
     write_seeds(result, config, scale, device, seeds_trained, t0,
                 {"baselines": rule_baselines(entities, eval_half), "budget_multiple": config["budget"]},

@@ -22,8 +22,10 @@ if __name__ == "__main__":  # beside the commands, but not one: one line, not an
 
 import json
 import os
+import pickle
 import time
 
+import numpy as np
 import torch
 
 import kvcache
@@ -62,11 +64,13 @@ def result_name(config, names, name, scale):
     return result
 
 
-def select(config, models):
-    """The models --models names (checked by result_name), each at --budget times the FLOPs budget."""
+def select(config, models, work):
+    """The models --models names (checked by result_name), each at --budget times the FLOPs budget, and the folder
+    for their checkpoints: `work`, or beside it for another budget (a run at x4 never replaces one at x1)."""
     wanted = config["models"].split(",")
-    return [(n, arch, objective, dict(extra, budget_fraction=config["budget"])) for n, arch, objective, extra in models
-            if config["models"] == "all" or n in wanted]
+    chosen = [(n, arch, objective, dict(extra, budget_fraction=config["budget"]))
+              for n, arch, objective, extra in models if config["models"] == "all" or n in wanted]
+    return chosen, work if config["budget"] == 1 else f"{work}-x{config['budget']:g}"
 
 
 def char_dataset(folder, train_text, val_text, characters):
@@ -76,9 +80,22 @@ def char_dataset(folder, train_text, val_text, characters):
     stoi = {c: i for i, c in enumerate(chars)}
     os.makedirs(folder, exist_ok=True)
     ids = [stoi[c] for c in train_text + val_text]
+    if holds(folder, ids, len(train_text), stoi):  # written the same before: left alone, since another run of the
+        return stoi                                 # experiment may be reading it (it would see a change)
     write_dataset(folder, ids, {"tokenizer": "char", "num_ordinary": len(chars), "stoi": stoi, "itos": chars},
                   train_tokens=len(train_text))
     return stoi
+
+
+def holds(folder, ids, train_tokens, stoi):
+    """Whether a dataset folder already holds exactly these ids, split at train_tokens, with this vocabulary."""
+    paths = [os.path.join(folder, name) for name in ("train.bin", "val.bin", "meta.pkl")]
+    if not all(os.path.isfile(path) for path in paths):
+        return False
+    with open(paths[2], "rb") as f:
+        meta = pickle.load(f)
+    stored = [np.fromfile(path, dtype=np.uint16).tolist() for path in paths[:2]]
+    return meta.get("stoi") == stoi and stored == [ids[:train_tokens], ids[train_tokens:]]
 
 
 @torch.no_grad()

@@ -255,8 +255,22 @@ def test_some_models_at_a_larger_budget_are_a_result_of_their_own(name, tmp_path
     assert result.returncode == 0, result.stderr[-2000:]
     data = json.loads((tmp_path / f"{name}-quick-gpt-bert-x2.json").read_text())
     assert set(data["runs"][0]["models"]) == {"gpt", "bert"} and data["budget_multiple"] == 2
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == [f"{name}-quick", f"{name}-quick-x2"]  # data; runs at x2
     one = module.SCALES["quick"]["gpt_iters"]
     assert f"(= {2 * one} gpt iterations)" in (tmp_path / f"{name}-quick-gpt-bert-x2.md").read_text()
     refused = run_script(f"experiments/{name}.py", "--quick", f"--out_dir={tmp_path / 'other'}", "--models=gpt,bort")
     assert refused.returncode == 2 and "--models=gpt,bort" in refused.stderr and "Traceback" not in refused.stderr
     assert not (tmp_path / "other" / "checkpoints").exists()
+
+
+def test_a_synthetic_dataset_written_the_same_again_is_left_alone(tmp_path):
+    """Two runs of one experiment share its dataset folder: the second must not rewrite what the first is reading
+    (a running run refuses data that changed under it), unless the text really differs."""
+    from experiments.structural import char_dataset
+    text = "ab:CD\n" * 40
+    char_dataset(str(tmp_path), text, text[:60], reversal.CHARACTERS)
+    before = os.stat(tmp_path / "train.bin").st_mtime_ns
+    char_dataset(str(tmp_path), text, text[:60], reversal.CHARACTERS)
+    assert os.stat(tmp_path / "train.bin").st_mtime_ns == before
+    char_dataset(str(tmp_path), text.replace("ab", "ba"), text[:60], reversal.CHARACTERS)
+    assert (tmp_path / "train.bin").read_bytes() != b"" and os.stat(tmp_path / "train.bin").st_mtime_ns != before
