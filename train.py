@@ -68,7 +68,7 @@ DEFAULTS = dict(
     device="auto",              # auto | cpu | cuda | cuda:N | mps
     dtype="auto",               # auto (bfloat16 on CUDA, else float32) | float32 | bfloat16 | float16 (CUDA only)
     compile=False, seed=1337,
-    quiet=False,                # True (the experiments): no log lines, only "iter N/M, ~T left" every 10 s
+    quiet=False,                # True (the experiments): no log lines, only "iteration N/M, ~T left" every 10 s
 )
 SECONDS_BETWEEN_LINES = 10.0   # a slow run still prints a line this often (between log_interval lines)
 CPU_RECIPE = "config/train_shakespeare_char_cpu.py"

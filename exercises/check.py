@@ -122,14 +122,16 @@ def check_1():
 def check_2():
     """kvcache.bidirectional_cache_error(model, ids, prefix_length=P) for prefixlm: caching is exact when the new
     token comes after the prefix (P < len - 1), and wrong when the new token joins the prefix (P = len)."""
-    import inspect
     import kvcache
-    expect("prefix_length" in inspect.signature(kvcache.bidirectional_cache_error).parameters,
-           "kvcache.bidirectional_cache_error takes no prefix_length yet")
     model = tiny("prefixlm")
     ids = torch.randint(0, 20, (2, 12), generator=torch.Generator().manual_seed(2))
-    after = kvcache.bidirectional_cache_error(model, ids, prefix_length=6)
-    inside = kvcache.bidirectional_cache_error(model, ids, prefix_length=12)
+    try:
+        after = kvcache.bidirectional_cache_error(model, ids, prefix_length=6)
+        inside = kvcache.bidirectional_cache_error(model, ids, prefix_length=12)
+    except TypeError as e:
+        if "prefix_length" not in str(e):  # a TypeError of the solution itself: its own line, below
+            raise
+        raise Unsolved("kvcache.bidirectional_cache_error takes no prefix_length yet") from None
     expect(after["logit_difference"] < 1e-5, f"appending after the prefix should be exact, differs by "
                                              f"{after['logit_difference']:.2e}")
     expect(inside["earlier_hidden_change"] > 1e-3 and inside["logit_difference"] > 1e-5,
@@ -267,15 +269,17 @@ def check_7():
 def check_8():
     """experiments/reversal.py: a model "gpt-entity-reversed" trained on a text that also states every fact
     backwards at the entity level ("MZRT:kxqb" beside "kxqb:MZRT"), and still no evaluation question in it."""
-    import inspect
     import numpy as np
     from experiments import reversal
     expect("gpt-entity-reversed" in reversal.MODEL_NAMES, "reversal.MODEL_NAMES has no \"gpt-entity-reversed\" yet")
     entities = reversal.make_entities(20, np.random.default_rng(0))
     lines, train_half, eval_half = reversal.training_lines(entities)
-    expect("entity_reversed" in inspect.signature(reversal.stream).parameters,
-           "reversal.stream takes no entity_reversed option yet")
-    text = reversal.stream(lines, 2, np.random.default_rng(1), entity_reversed=True)
+    try:
+        text = reversal.stream(lines, 2, np.random.default_rng(1), entity_reversed=True)
+    except TypeError as e:
+        if "entity_reversed" not in str(e):  # a TypeError of the solution itself: its own line, below
+            raise
+        raise Unsolved("reversal.stream takes no entity_reversed option yet") from None
     for k, v in entities:
         expect(f"{v}:{k}\n" in text and f"{k}:{v}\n" in text, f"the fact {k}:{v} is not stated both ways")
     for k, v in eval_half:

@@ -113,8 +113,8 @@ def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=
             result = train.train(run_config)
         except train.TrainingDiverged as e:
             if not divergence_is_a_result:
-                raise UserError(f"{name} diverged: {e} (lower that model's rate, or the top of the "
-                                f"experiment's SCALES learning_rates; --reuse=True keeps the runs already finished)") from None
+                raise UserError(f"{name} diverged: {e} (lower that model's learning rate in the "
+                                f"experiment's settings; --reuse=True keeps the runs already finished)") from None
             print(f"{name} diverged: {e}", flush=True)
             trained[name] = {"diverged": str(e), "val_loss": None}
             units_done += fraction

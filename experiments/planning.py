@@ -3,9 +3,10 @@ Question: planning with lookahead (claim X5). On path-finding in star graphs, do
 training stay at chance while the same model trained to write the path backwards, or a masked-diffusion model,
 solves it? And does the order in which a diffusion model unmasks matter?
 
-    python experiments/planning.py               # 7 models x 3 seeds at equal FLOPs: 84 minutes measured (one
-                                                 # thread each, two experiments sharing 2 cores)
-                                                 # -> results/structural/planning-cpu.{md,json}
+    python experiments/planning.py               # 7 models x 3 seeds at equal FLOPs -> results/structural/
+                                                 # planning-cpu.{md,json} (not run at this preset; ~40 minutes)
+    python experiments/planning.py --models=gpt,gpt-reversed,diffusion   # the three X5 is about: ~20 minutes
+                                                 # -> planning-cpu-gpt-gpt-reversed-diffusion.{md,json}
     python experiments/planning.py --scale=gpu   # larger graphs and model
     python experiments/planning.py --quick       # a smoke run in seconds (the test suite runs it) -> out-quick/
 
@@ -51,11 +52,11 @@ DEFAULTS = dict(scale="cpu", quick=False, device="auto", out_dir="results/struct
                 reuse=False,  # True: load the runs finished earlier with the same settings
                 models="all", budget=1.0)  # some models only (comma-separated), at a multiple of the FLOPs budget
 SCALES = {  # model size and budget (gpt iterations); graphs: degree d, path length l (nodes), nodes to draw from
-    "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, gpt_iters=2000, eval_iters=10,
+    "cpu": dict(n_layer=2, n_head=4, n_embd=64, block_size=96, batch_size=12, gpt_iters=4000, eval_iters=10,
                 degree=2, path=4, nodes=20, train_graphs=60_000, eval_graphs=400, seeds=3),
-    "gpu": dict(n_layer=6, n_head=6, n_embd=384, block_size=128, batch_size=64, gpt_iters=10000, eval_iters=50,
+    "gpu": dict(n_layer=6, n_head=6, n_embd=384, block_size=144, batch_size=64, gpt_iters=10000, eval_iters=50,
                 degree=3, path=5, nodes=40, train_graphs=400_000, eval_graphs=2000, seeds=3),
-    "gpu-short": dict(n_layer=6, n_head=6, n_embd=384, block_size=128, batch_size=64, gpt_iters=2500, eval_iters=50,
+    "gpu-short": dict(n_layer=6, n_head=6, n_embd=384, block_size=144, batch_size=64, gpt_iters=2500, eval_iters=50,
                 degree=3, path=5, nodes=40, train_graphs=400_000, eval_graphs=2000, seeds=1),  # experiments/gpu_figures.py: one seed, a quarter of the budget
     "quick": dict(n_layer=1, n_head=2, n_embd=32, block_size=64, batch_size=4, gpt_iters=10, eval_iters=2,
                   degree=2, path=3, nodes=8, train_graphs=300, eval_graphs=16, seeds=1),
@@ -93,6 +94,14 @@ def make_lines(count, s, rng, exclude=frozenset()):
 
 def text_of(graphs, reversed_paths=False):
     return "".join(f"{prompt}{route[::-1] if reversed_paths else route}\n" for prompt, route in graphs)
+
+
+def check_fits(s, scale):
+    """A question is asked between two training lines (surroundings): three lines must fit in a window."""
+    line = len(text_of([star_graph(s["degree"], s["path"], s["nodes"], np.random.default_rng(0))]))
+    if 3 * line > s["block_size"]:
+        raise UserError(f"SCALES['{scale}']: block_size {s['block_size']} cannot hold three lines of {line} "
+                        f"characters; raise it or make the graphs smaller")
 
 
 def rule_baselines(graphs, degree, rng):
@@ -155,8 +164,8 @@ def report(data, s, scale):
               f"block {s['block_size']}; t5 {s['n_layer'] // 2 or 1} + {s['n_layer'] // 2 or 1}): star graphs of "
               f"degree {s['degree']}, paths of {s['path']} nodes drawn from {s['nodes']} letters, "
               f"{s['train_graphs']:,} training graphs, {s['eval_graphs']} fresh evaluation graphs; "
-              f"{format_flops(data['budget_flops'] * data['budget_multiple'])} per model (= "
-              f"{s['gpt_iters'] * data['budget_multiple']:g} gpt iterations), "
+              f"{format_flops(data['budget_flops'] * data.get('budget_multiple', 1))} per model (= "
+              f"{s['gpt_iters'] * data.get('budget_multiple', 1):g} gpt iterations), "
               f"{len(data['seeds'])} seeds ({', '.join(map(str, data['seeds']))}), on {data['machine']}, "
               f"{data['seconds'] / 60:.1f} min. Exact match of the whole path, mean +- std over seeds; bert and "
               f"diffusion fill the path's slots by unmasking in three orders (the same model).", "",
@@ -187,11 +196,8 @@ def main():
     s = SCALES[scale]
     t0 = time.perf_counter()
     rng = np.random.default_rng(config["seed"])
+    check_fits(s, scale)
     train_graphs = make_lines(s["train_graphs"], s, rng)
-    line = len(text_of(train_graphs[:1]))
-    if 3 * line > s["block_size"]:  # a question is asked between two training lines (surroundings)
-        raise UserError(f"SCALES['{scale}']: block_size {s['block_size']} cannot hold three lines of {line} "
-                        f"characters; raise it or make the graphs smaller")
     seen = frozenset(prompt for prompt, _ in train_graphs)
     eval_graphs = make_lines(s["eval_graphs"], s, rng, exclude=seen)
     val_graphs = make_lines(max(200, s["train_graphs"] // 20), s, rng, exclude=seen)
@@ -206,7 +212,7 @@ def main():
     models = compared_models(folders["data-reversed"])
 
     def evaluate_models(trained):
-        return {name: {"val_loss": result["val_loss"],
+        return {name: {"val_loss": result["val_loss"], "flops": result["flops"],
                        "accuracy": evaluate(result["model"].eval(), eval_graphs, train_graphs, specials, stoi,
                                             reversed_paths=name == "gpt-reversed")}
                 for name, result in trained.items()}
@@ -216,7 +222,7 @@ def main():
                                              evaluate_models)
     baselines = rule_baselines(eval_graphs, s["degree"], np.random.default_rng(config["seed"] + 2))
     write_seeds(result, config, scale, device, seeds_trained, t0,
-                {"baselines": baselines, "budget_multiple": config["budget"]},
+                {"baselines": baselines, "budget_multiple": config["budget"], "sizes": s},
                 lambda data: report(data, s, scale))
 
 

@@ -2,9 +2,11 @@
 Question: the reversal curse (claim X4). Trained on "A is B" in one direction only, which objectives can answer
 "B is ?", and does that depend on scale, or on which tokens each objective predicts from which?
 
-    python experiments/reversal.py               # 7 models x 3 seeds at equal FLOPs: ~47 minutes a seed measured
-                                                 # (one thread, two experiments sharing 2 cores)
+    python experiments/reversal.py               # 7 models x 3 seeds at equal FLOPs: ~12 minutes a seed measured
+                                                 # (one thread, 2 cores shared with other jobs)
                                                  # -> results/structural/reversal-cpu.{md,json}
+    python experiments/reversal.py --models=t5,t5-ul2 --budget=4    # the models that fail the positive control at
+                                                 # 4 x the budget -> reversal-cpu-t5-t5-ul2-x4.{md,json}
     python experiments/reversal.py --scale=gpu   # more entities, a larger model
     python experiments/reversal.py --quick       # a smoke run in seconds (the test suite runs it) -> out-quick/
 
@@ -193,8 +195,8 @@ def report(data, s, scale):
     lines += [f"The reversal curse (claim X4), scale `{scale}` ({s['n_layer']} layers x {s['n_embd']} dims, block "
               f"{s['block_size']}; t5 {s['n_layer'] // 2 or 1} + {s['n_layer'] // 2 or 1}), {s['entities']} entities "
               f"(half asked), each training text {s['repetitions']} shuffled repetitions of its lines, "
-              f"{format_flops(data['budget_flops'] * data['budget_multiple'])} per model (= "
-              f"{s['gpt_iters'] * data['budget_multiple']:g} gpt iterations), "
+              f"{format_flops(data['budget_flops'] * data.get('budget_multiple', 1))} per model (= "
+              f"{s['gpt_iters'] * data.get('budget_multiple', 1):g} gpt iterations), "
               f"{len(data['seeds'])} seeds ({', '.join(map(str, data['seeds']))}), on {data['machine']}, "
               f"{data['seconds'] / 60:.1f} min. Exact match of the {s['length']}-character answer on the evaluation half's "
               f"questions, mean +- std over seeds (in brackets: per-character accuracy, the published tables' "
@@ -249,7 +251,7 @@ def main():
     models = compared_models(folders["data-reversed"])
 
     def evaluate_models(trained):
-        return {name: {"val_loss": result["val_loss"],
+        return {name: {"val_loss": result["val_loss"], "flops": result["flops"],
                        "eval": evaluate(result["model"].eval(), eval_half, entities, specials, stoi),
                        "train_half_backward": evaluate(result["model"], train_half, entities, specials,
                                                        stoi)["backward"]}
@@ -259,7 +261,7 @@ def main():
     seeds_trained = train_and_evaluate_seeds("reversal", models, s, folders["data"], checkpoints, device, meta, config,
                                              evaluate_models)
     write_seeds(result, config, scale, device, seeds_trained, t0,
-                {"baselines": rule_baselines(entities, eval_half), "budget_multiple": config["budget"]},
+                {"baselines": rule_baselines(entities, eval_half), "budget_multiple": config["budget"], "sizes": s},
                 lambda data: report(data, s, scale))
 
 

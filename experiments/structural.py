@@ -5,9 +5,10 @@ dataset written like any prepared one, the one way each architecture fills the a
 
     suffix layout   the answer follows the prompt ("kxqb>" -> "MZRT"):
                     gpt, prefixlm  greedy, left to right (prefixlm: the prompt is its bidirectional prefix)
-                    bert           [MASK] in every slot (the line's newline after them), filled by kvcache.unmask
-                    t5             the prompt, <S0> for the slots and the newline to the encoder; the decoder writes
-                                   <S0> then the answer, greedy
+                    bert           [MASK] in every slot, then what follows them in a training window (the newline
+                                   and the next line), filled by kvcache.unmask
+                    t5             the prompt, <S0> for the slots and what follows them to the encoder; the
+                                   decoder writes <S0> then the answer, greedy
     infill layout   the slots stand inside the prompt as [MASK]s ("????>MZRT" -> "kxqb"): what only a model that
                     reads both sides can be asked; bert unmasks them, t5 reads <S0> in their place, and gpt and
                     prefixlm have no way to (None)
@@ -41,7 +42,8 @@ SETTINGS = dict(position="rope", learning_rate=3e-3, min_lr=3e-4)  # every model
 
 def compared_models(reversed_dataset):
     """Every objective the project has, as train_all's (name, arch, objective, settings), plus gpt trained on the
-    text in which each line's answer is written the other way round (its dataset folder: reversed_dataset)."""
+    experiment's reversed text (its dataset folder: reversed_dataset; reversal: every line also written backwards,
+    character by character; planning: every path written from the goal to the start)."""
     models = [("gpt", "gpt", "clm", {}), ("gpt-reversed", "gpt", "clm", {"dataset": reversed_dataset}),
               ("bert", "bert", "mlm", {}), ("diffusion", "bert", "diffusion", {}),
               ("prefixlm", "prefixlm", "prefix_lm", {}), ("t5", "t5", "span_corruption", {}), ("t5-ul2", "t5", "ul2", {})]
@@ -53,9 +55,10 @@ def result_name(config, names, name, scale):
     budget: at what budget does a model that fails the positive control pass?) before any work, and name the
     result: <name>-<scale>, plus the models' names and -x<budget> when they are not the defaults (a partial run
     never overwrites the whole one). Its files are checked writable here too."""
-    wanted = names if config["models"] == "all" else config["models"].split(",")
-    if not wanted or any(w not in names for w in wanted):
+    asked = names if config["models"] == "all" else config["models"].split(",")
+    if not asked or any(n not in names for n in asked):
         raise UserError(f"--models={config['models']}: choose all, or some of {', '.join(names)} (comma-separated)")
+    wanted = [n for n in names if n in asked]  # in the experiment's order, each once: one name per set
     if not isinstance(config["budget"], (int, float)) or not 0 < config["budget"] <= 1000:
         raise UserError(f"--budget={config['budget']}: a multiple of the scale's FLOPs budget, in (0, 1000]")
     result = f"{name}-{scale}" + ("" if config["models"] == "all" else "-" + "-".join(wanted)) \

@@ -238,8 +238,8 @@ class RunControl:
                      f"{format_mfu(flops / self.processes.world_size / dt, self.peak_flops)}, {1 / dt:.2f} it/s, "
                      f"~{format_duration(left)} left", flush=True)
             if self.config["quiet"] and self.master and line_due:  # a quiet run (an experiment's) still talks
-                print(f"  iter {iter_num}/{self.end_iter}: loss {loss_value:.4f}, ~{format_duration(left)} left "
-                      f"in this run", flush=True)
+                print(f"  iteration {iter_num + 1}/{self.end_iter}: loss {loss_value:.4f}, "
+                      f"~{format_duration(left)} left in this run", flush=True)
         if self.stop:  # perhaps only another process was asked: stop together
             self.signals.requested = True
 

@@ -55,8 +55,8 @@ def test_a_quiet_run_still_says_how_far_it_is(char_dataset, tmp_path, capsys, mo
     monkeypatch.setattr(train, "SECONDS_BETWEEN_LINES", 0.0)  # every step is "due"
     train.train(train.resolve_config(tiny_args(char_dataset, str(tmp_path / "o"), max_iters=6, quiet=True)))
     lines = capsys.readouterr().out.splitlines()
-    assert lines and all(line.startswith("  iter ") and line.endswith(" left in this run") for line in lines), lines
-    assert [line.split()[1] for line in lines] == [f"{i}/6:" for i in range(6)]
+    assert lines and all(line.startswith("  iteration ") and line.endswith(" left in this run") for line in lines), lines
+    assert [line.split()[1] for line in lines] == [f"{i}/6:" for i in range(1, 7)]
 
 
 def test_a_signal_during_evaluation_stops_within_seconds_and_saves(char_dataset, tmp_path):

@@ -28,9 +28,10 @@ def specials_and_stoi(characters):
 class Oracle:
     """A "model" that knows the answer to every prompt (answers: prompt -> answer string) and writes it where each
     architecture's reading puts it: gpt/prefixlm at the end of what it has read so far, bert at its [MASK] slots, t5
-    in its decoder after <S0>. One peaked logit per position, the rest zero."""
+    in its decoder after <S0>. One peaked logit per position, the rest zero. afters (prompt -> text): what bert and
+    t5 must find after the slots (their right context); the oracle refuses to answer a row that does not hold it."""
 
-    def __init__(self, arch, answers, specials, stoi, slots):
+    def __init__(self, arch, answers, specials, stoi, slots, afters=None):
         self.config = type("Config", (), {"arch": arch, "vocab_size": specials.num_ordinary + 106})()
         self.answers, self.specials, self.stoi, self.slots = answers, specials, stoi, slots
         self.itos = {i: c for c, i in stoi.items()}
@@ -41,6 +42,7 @@ class Oracle:
         self.by_encoder = {p[:slots[0]] + "#" + p[slots[-1] + 1:] if slots[0] < self.length else p + "#": a
                            for p, a in answers.items()}
         self.source_length = len(next(iter(self.by_encoder)))  # what follows it in the encoder is not the prompt
+        self.afters = afters or {}
 
     def parameters(self):
         return iter([self.parameter])
@@ -63,6 +65,8 @@ class Oracle:
             text = self.text(values)
             prompt = "".join("?" if p in self.slots else c for p, c in enumerate(text[:self.length]))
             answer = self.answers[prompt]  # (bert reveals slots as it goes: the prompt holds "?" there)
+            if self.config.arch == "bert" and prompt in self.afters:  # the right context, right after the slots
+                assert text[max(self.length, self.slots[-1] + 1):] == self.afters[prompt], text
             if self.config.arch == "bert":
                 out += [((row, p), answer[self.slots.index(p)]) for p, v in enumerate(values)
                         if v == self.specials.mask and p in self.slots]
@@ -81,7 +85,11 @@ class Oracle:
         decoder, memory = hidden
         out = []
         for row, (written, source) in enumerate(zip(decoder.tolist(), memory.tolist())):
-            answer = self.by_encoder[self.text(source)[:self.source_length]]
+            key = self.text(source)[:self.source_length]
+            answer = self.by_encoder[key]
+            prompt = next(p for p, a in zip(self.answers, self.by_encoder) if a == key)
+            if prompt in self.afters:  # the right context follows the sentinel, then EOS (read as "?")
+                assert self.text(source)[self.source_length:] == self.afters[prompt] + "?", self.text(source)
             if len(written) - 2 < len(answer):  # [PAD] <S0>, then the span
                 out.append(((row, len(written) - 1), answer[len(written) - 2]))
         return self.peaked(decoder.shape, out)
@@ -117,7 +125,7 @@ def test_the_reversal_evaluation_reads_exactly_the_answer_slots(arch, kind):
     assert all(p.endswith(q) and p.count("\n") == 2 for p, q in zip(prompts, bare))  # two other facts ahead
     around = [p[:-len(q)] + b for p, q, b in zip(prompts, bare, behind)]
     assert all(k not in text and v not in text for (k, v), text in zip(entities[6:], around))  # not its own fact
-    oracle = Oracle(arch, dict(zip(prompts, truths)), specials, stoi, slots)
+    oracle = Oracle(arch, dict(zip(prompts, truths)), specials, stoi, slots, dict(zip(prompts, behind)))
     answers = fill_slots(oracle, prompts, slots, specials, stoi, after=behind)  # what reversal.evaluate does
     if kind == "backward, infill" and arch in ("gpt", "prefixlm"):
         assert answers is None
@@ -184,7 +192,7 @@ def test_the_planning_evaluation_reads_the_path_slots(arch):
     asked = [a + prompt for a, (prompt, _) in zip(ahead, graphs)]
     specials, stoi = specials_and_stoi(planning.CHARACTERS)
     slots = list(range(len(asked[0]), len(asked[0]) + len(graphs[0][1])))
-    solver = Oracle(arch, {q: solve(q.split("\n")[-1]) for q in asked}, specials, stoi, slots)
+    solver = Oracle(arch, {q: solve(q.split("\n")[-1]) for q in asked}, specials, stoi, slots, dict(zip(asked, behind)))
     assert set(planning.evaluate(solver, graphs, known, specials, stoi).values()) == {1.0}
 
     def first_arm(prompt):
@@ -255,6 +263,8 @@ def test_some_models_at_a_larger_budget_are_a_result_of_their_own(name, tmp_path
     assert result.returncode == 0, result.stderr[-2000:]
     data = json.loads((tmp_path / f"{name}-quick-gpt-bert-x2.json").read_text())
     assert set(data["runs"][0]["models"]) == {"gpt", "bert"} and data["budget_multiple"] == 2
+    for run in data["runs"][0]["models"].values():  # each trained to twice the budget (to within one step)
+        assert 2 * data["budget_flops"] <= run["flops"] < 2.2 * data["budget_flops"]
     assert sorted(os.listdir(tmp_path / "checkpoints")) == [f"{name}-quick", f"{name}-quick-x2"]  # data; runs at x2
     one = module.SCALES["quick"]["gpt_iters"]
     assert f"(= {2 * one} gpt iterations)" in (tmp_path / f"{name}-quick-gpt-bert-x2.md").read_text()
@@ -263,14 +273,25 @@ def test_some_models_at_a_larger_budget_are_a_result_of_their_own(name, tmp_path
     assert not (tmp_path / "other" / "checkpoints").exists()
 
 
-def test_a_synthetic_dataset_written_the_same_again_is_left_alone(tmp_path):
+def test_a_synthetic_dataset_written_the_same_again_is_left_alone(tmp_path, monkeypatch):
     """Two runs of one experiment share its dataset folder: the second must not rewrite what the first is reading
-    (a running run refuses data that changed under it), unless the text really differs."""
-    from experiments.structural import char_dataset
+    (a running run refuses data that changed under it), unless the text or the split really differs."""
+    from experiments import structural
+    writes = []
+    real = structural.write_dataset
+    monkeypatch.setattr(structural, "write_dataset", lambda *a, **k: writes.append(a) or real(*a, **k))
     text = "ab:CD\n" * 40
-    char_dataset(str(tmp_path), text, text[:60], reversal.CHARACTERS)
-    before = os.stat(tmp_path / "train.bin").st_mtime_ns
-    char_dataset(str(tmp_path), text, text[:60], reversal.CHARACTERS)
-    assert os.stat(tmp_path / "train.bin").st_mtime_ns == before
-    char_dataset(str(tmp_path), text.replace("ab", "ba"), text[:60], reversal.CHARACTERS)
-    assert (tmp_path / "train.bin").read_bytes() != b"" and os.stat(tmp_path / "train.bin").st_mtime_ns != before
+    for train_text, val_text in ((text, text[:60]), (text, text[:60]), (text.replace("ab", "ba"), text[:60]),
+                                 (text[:-6], text[-6:] + text[:60])):
+        structural.char_dataset(str(tmp_path), train_text, val_text, reversal.CHARACTERS)
+    assert len(writes) == 3  # the second call found the same data and wrote nothing
+
+
+def test_every_planning_scale_fits_a_question_between_two_lines():
+    """Each question is asked between two training lines: three lines must fit in the window at every scale
+    (the check refuses a scale that does not, before any graph is drawn)."""
+    for scale, s in planning.SCALES.items():
+        planning.check_fits(s, scale)
+    from infra.configurator import UserError
+    with pytest.raises(UserError, match="cannot hold three lines"):
+        planning.check_fits(dict(planning.SCALES["cpu"], block_size=60), "cpu")
