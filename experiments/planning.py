@@ -41,7 +41,8 @@ import numpy as np
 
 import objectives
 from experiments.equal_compute import resolve_experiment, train_and_evaluate_seeds
-from experiments.structural import char_dataset, compared_models, fill_slots, result_name, select, write_seeds
+from experiments.structural import (char_dataset, compared_models, fill_slots, result_name, run_record, select,
+                                    time_spent, write_seeds)
 from experiments.study_report import plus_minus
 from infra.configurator import QUICK_NOTE, UserError, run_main
 from infra.dataset import load_dataset
@@ -167,7 +168,7 @@ def report(data, s, scale):
               f"{format_flops(data['budget_flops'] * data.get('budget_multiple', 1))} per model (= "
               f"{s['gpt_iters'] * data.get('budget_multiple', 1):g} gpt iterations), "
               f"{len(data['seeds'])} seeds ({', '.join(map(str, data['seeds']))}), on {data['machine']}, "
-              f"{data['seconds'] / 60:.1f} min. Exact match of the whole path, mean +- std over seeds; bert and "
+              f"{time_spent(data)}. Exact match of the whole path, mean +- std over seeds; bert and "
               f"diffusion fill the path's slots by unmasking in three orders (the same model).", "",
               "| model | " + " | ".join(("left to right",) + UNMASK_ORDERS) + " | val loss (own objective) |",
               "|---|" + "---|" * (len(UNMASK_ORDERS) + 2)]
@@ -212,7 +213,7 @@ def main():
     models = compared_models(folders["data-reversed"])
 
     def evaluate_models(trained):
-        return {name: {"val_loss": result["val_loss"], "flops": result["flops"],
+        return {name: {**run_record(result),
                        "accuracy": evaluate(result["model"].eval(), eval_graphs, train_graphs, specials, stoi,
                                             reversed_paths=name == "gpt-reversed")}
                 for name, result in trained.items()}

@@ -40,7 +40,7 @@ import numpy as np
 import objectives
 from experiments.equal_compute import resolve_experiment, train_and_evaluate_seeds
 from experiments.structural import (char_dataset, compared_models, exact_and_per_character, fill_slots, result_name,
-                                    select, write_seeds)
+                                    run_record, select, time_spent, write_seeds)
 from experiments.study_report import plus_minus
 from infra.configurator import QUICK_NOTE, run_main
 from infra.dataset import load_dataset
@@ -198,7 +198,7 @@ def report(data, s, scale):
               f"{format_flops(data['budget_flops'] * data.get('budget_multiple', 1))} per model (= "
               f"{s['gpt_iters'] * data.get('budget_multiple', 1):g} gpt iterations), "
               f"{len(data['seeds'])} seeds ({', '.join(map(str, data['seeds']))}), on {data['machine']}, "
-              f"{data['seconds'] / 60:.1f} min. Exact match of the {s['length']}-character answer on the evaluation half's "
+              f"{time_spent(data)}. Exact match of the {s['length']}-character answer on the evaluation half's "
               f"questions, mean +- std over seeds (in brackets: per-character accuracy, the published tables' "
               f"measure). 'backward, infill': the fact's line with its key masked (bidirectional readers only). "
               f"The training half's backward questions are in the training text (a control: the format is "
@@ -251,7 +251,7 @@ def main():
     models = compared_models(folders["data-reversed"])
 
     def evaluate_models(trained):
-        return {name: {"val_loss": result["val_loss"], "flops": result["flops"],
+        return {name: {**run_record(result),
                        "eval": evaluate(result["model"].eval(), eval_half, entities, specials, stoi),
                        "train_half_backward": evaluate(result["model"], train_half, entities, specials,
                                                        stoi)["backward"]}

@@ -161,6 +161,22 @@ def exact_and_per_character(answers, truths):
     return exact, characters
 
 
+def run_record(result):
+    """What a model's row keeps of train_all's summary besides its scores: its cost, and whether it was reused."""
+    return {"val_loss": result["val_loss"], "flops": result["flops"], "seconds": result["seconds"],
+            "reused": bool(result.get("reused"))}
+
+
+def time_spent(data):
+    """The command's own time, and the training time of all its runs (reused ones were trained by an earlier
+    command of the same settings: the command's time alone would hide them)."""
+    runs = [run for seed in data["runs"] for run in seed["models"].values()]
+    reused = sum(run.get("reused", False) for run in runs)
+    return (f"{data['seconds'] / 60:.1f} min for this command; training {sum(run['seconds'] for run in runs) / 60:.1f} "
+            f"min summed over its {len(runs)} runs" + (f", {reused} of them reused from an earlier command" if reused
+                                                      else ""))
+
+
 def write_seeds(result, config, scale, device, seeds_trained, started, extra, report):
     """The end of a structural experiment: its data (train_and_evaluate_seeds' (runs, budget, interrupted), the
     machine, the time, and `extra`) and report(data) written as out_dir/<result>.{json,md}. A stop ends the
