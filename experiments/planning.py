@@ -41,8 +41,8 @@ import numpy as np
 
 import objectives
 from experiments.equal_compute import resolve_experiment, train_and_evaluate_seeds
-from experiments.structural import (char_dataset, compared_models, fill_slots, result_name, run_record, select,
-                                    time_spent, write_seeds)
+from experiments.structural import (char_dataset, compared_models, fill_slots, mode_of, result_name, run_record,
+                                    select, time_spent, write_seeds)
 from experiments.study_report import plus_minus
 from infra.configurator import QUICK_NOTE, UserError, run_main
 from infra.dataset import load_dataset
@@ -139,7 +139,7 @@ def surroundings(graphs, known, seed, reversed_paths=False):
     return ahead, ["\n" + text_of([known[j]], reversed_paths) for _, j in chosen]
 
 
-def evaluate(model, graphs, known, specials, stoi, reversed_paths=False, seed=0):
+def evaluate(model, graphs, known, specials, stoi, reversed_paths=False, seed=0, mode=None):
     """{order: exact-match accuracy of the whole path}: one entry for the left-to-right readers, one per unmasking
     order for bert and diffusion. known: training graphs, written around the ones asked (surroundings)."""
     ahead, behind = surroundings(graphs, known, seed, reversed_paths)
@@ -149,7 +149,7 @@ def evaluate(model, graphs, known, specials, stoi, reversed_paths=False, seed=0)
     orders = UNMASK_ORDERS if model.config.arch == "bert" else ("left to right",)
     out = {}
     for order in orders:
-        answers = fill_slots(model, prompts, slots, specials, stoi, after=behind,
+        answers = fill_slots(model, prompts, slots, specials, stoi, after=behind, mode=mode,
                              order=order if order in UNMASK_ORDERS else "confident")
         out[order] = sum(a == t for a, t in zip(answers, truths)) / len(truths)
     return out
@@ -215,7 +215,7 @@ def main():
     def evaluate_models(trained):
         return {name: {**run_record(result),
                        "accuracy": evaluate(result["model"].eval(), eval_graphs, train_graphs, specials, stoi,
-                                            reversed_paths=name == "gpt-reversed")}
+                                            reversed_paths=name == "gpt-reversed", mode=mode_of(result, specials))}
                 for name, result in trained.items()}
 
     models, checkpoints = select(config, models, work)

@@ -40,7 +40,7 @@ import numpy as np
 import objectives
 from experiments.equal_compute import resolve_experiment, train_and_evaluate_seeds
 from experiments.structural import (char_dataset, compared_models, exact_and_per_character, fill_slots, result_name,
-                                    run_record, select, time_spent, write_seeds)
+                                    mode_of, run_record, select, time_spent, write_seeds)
 from experiments.study_report import plus_minus
 from infra.configurator import QUICK_NOTE, run_main
 from infra.dataset import load_dataset
@@ -140,13 +140,13 @@ def asked(kind, pairs, entities, seed):
     return [a + p for a, p in zip(ahead, prompts)], slots, behind, truths
 
 
-def evaluate(model, pairs, entities, specials, stoi, seed=0):
+def evaluate(model, pairs, entities, specials, stoi, seed=0, mode=None):
     """{question kind: (exact, per-character)} for one model on (key, value) pairs; a kind the architecture
-    cannot be asked is absent."""
+    cannot be asked is absent. mode: UL2's mode token for a t5 trained with it (structural.fill_slots)."""
     result = {}
     for kind in questions(pairs[:1]):
         prompts, slots, behind, truths = asked(kind, pairs, entities, seed)
-        answers = fill_slots(model, prompts, slots, specials, stoi, after=behind)
+        answers = fill_slots(model, prompts, slots, specials, stoi, after=behind, mode=mode)
         if answers is not None:
             result[kind] = exact_and_per_character(answers, truths)
     return result
@@ -252,9 +252,10 @@ def main():
 
     def evaluate_models(trained):
         return {name: {**run_record(result),
-                       "eval": evaluate(result["model"].eval(), eval_half, entities, specials, stoi),
-                       "train_half_backward": evaluate(result["model"], train_half, entities, specials,
-                                                       stoi)["backward"]}
+                       "eval": evaluate(result["model"].eval(), eval_half, entities, specials, stoi,
+                                        mode=mode_of(result, specials)),
+                       "train_half_backward": evaluate(result["model"], train_half, entities, specials, stoi,
+                                                       mode=mode_of(result, specials))["backward"]}
                 for name, result in trained.items()}
 
     models, checkpoints = select(config, models, work)

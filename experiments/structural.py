@@ -113,12 +113,13 @@ def greedy_continuation(model, ids, length, text_ids):
 
 
 @torch.no_grad()
-def fill_slots(model, prompts, slots, specials, stoi, order="confident", after="\n"):
+def fill_slots(model, prompts, slots, specials, stoi, order="confident", after="\n", mode=None):
     """The answer each row of `prompts` gets, as strings. prompts: strings of one length; slots: the positions to
     fill (the suffix layout: slots == len(prompt) .. len(prompt) + n - 1; else the infill layout, slots inside the
     prompt, which hold a placeholder character). `after`: what follows the slots, one string or one per row (all
-    of one length): bert and t5 read it, the causal readers never need it. Returns None where the architecture
-    cannot be asked."""
+    of one length): bert and t5 read it, the causal readers never need it. mode: a t5 trained with UL2 reads the
+    mode token its span-filling denoisers were trained with first (specials.modes["R"]), as in training. Returns
+    None where the architecture cannot be asked."""
     device = next(model.parameters()).device
     arch, P = model.config.arch, len(prompts[0])
     itos = {i: c for c, i in stoi.items()}
@@ -143,6 +144,8 @@ def fill_slots(model, prompts, slots, specials, stoi, order="confident", after="
         sentinel = torch.full((len(prompts), 1), specials.sentinels[0], device=device)
         eos = torch.full((len(prompts), 1), specials.eos, device=device)
         encoder = torch.cat([ids[:, :start], sentinel, ids[:, end:] if not suffix else ids[:, P:], tail, eos], dim=1)
+        if mode is not None:  # UL2: every source it was trained on starts with its denoiser's mode token
+            encoder = torch.cat([torch.full((len(prompts), 1), mode, device=device), encoder], dim=1)
         decoder = torch.cat([torch.full((len(prompts), 1), specials.pad, device=device), sentinel], dim=1)
         memory = model.encode(encoder)
         for _ in range(len(slots)):
@@ -159,6 +162,11 @@ def exact_and_per_character(answers, truths):
     exact = sum(a == t for a, t in zip(answers, truths)) / len(truths)
     characters = sum(x == y for a, t in zip(answers, truths) for x, y in zip(a, t)) / sum(len(t) for t in truths)
     return exact, characters
+
+
+def mode_of(result, specials):
+    """The mode token fill_slots gives a t5 trained with UL2 (its span-filling denoiser's, R), else None."""
+    return specials.modes["R"] if result["objective"] == "ul2" else None
 
 
 def run_record(result):

@@ -295,3 +295,19 @@ def test_every_planning_scale_fits_a_question_between_two_lines():
     from infra.configurator import UserError
     with pytest.raises(UserError, match="cannot hold three lines"):
         planning.check_fits(dict(planning.SCALES["cpu"], block_size=60), "cpu")
+
+
+def test_a_t5_trained_with_ul2_is_asked_with_its_mode_token_first():
+    """Every source UL2 trains on starts with its denoiser's mode token: asked without it, a UL2 model reads an
+    input unlike any it was trained on. fill_slots puts the span-filling denoiser's token first for it only."""
+    from model import ModelConfig, Transformer
+    specials, stoi = specials_and_stoi(reversal.CHARACTERS)
+    model = Transformer(ModelConfig(arch="t5", vocab_size=specials.num_ordinary + 106, block_size=32, n_layer=1,
+                                    n_decoder_layer=1, n_head=2, n_embd=16)).eval()
+    seen, encode = [], model.encode
+    model.encode = lambda ids, *args, **kwargs: seen.append(ids) or encode(ids, *args, **kwargs)
+    fill_slots(model, [">ab:"], [4, 5], specials, stoi, mode=specials.modes["R"])
+    fill_slots(model, [">ab:"], [4, 5], specials, stoi)
+    assert seen[0][0, :2].tolist() == [specials.modes["R"], stoi[">"]] and seen[1][0, 0] == stoi[">"]
+    assert reversal.mode_of({"objective": "ul2"}, specials) == specials.modes["R"]
+    assert reversal.mode_of({"objective": "span_corruption"}, specials) is None
