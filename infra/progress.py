@@ -114,8 +114,9 @@ def check_writable(paths, option="--out_dir"):
                             f"choose another {option}")
         try:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            with open(path + ".tmp", "w") as f:
+            trial = f"{path}.{os.getpid()}.tmp"  # this process's own: two commands may check one folder at once
+            with open(trial, "w") as f:
                 f.write("x")
-            os.remove(path + ".tmp")
+            os.remove(trial)
         except OSError as e:
             raise UserError(f"cannot write {path} ({e.strerror}): choose another {option}") from None

@@ -113,6 +113,16 @@ def test_every_output_path_is_checked_before_the_work(tmp_path):
         assert time.perf_counter() - started < HANG_TIMEOUT  # (refused before any training: see its one line)
 
 
+def test_two_commands_checking_one_output_folder_at_once_do_not_trip_each_other(tmp_path):
+    """The trial write of check_writable is the process's own file: another command's trial file (here, one that
+    is there while this one checks) is neither used nor removed, so two experiments can start in one folder."""
+    from infra.progress import check_writable
+    other = tmp_path / "planning-cpu.md.tmp"
+    other.write_text("another command's trial")
+    check_writable([str(tmp_path / "planning-cpu.md")])
+    assert other.read_text() == "another command's trial" and sorted(os.listdir(tmp_path)) == [other.name]
+
+
 def test_a_full_disk_while_preparing_leaves_nothing_and_says_so(tmp_path, monkeypatch):
     from data.prepare_common import write_dataset
 
