@@ -93,6 +93,7 @@ def main():
     folder = config["out_dir"] or os.path.join(ROOT, "results", "gpu" if not config["dry_run"] else "gpu-dry-run",
                                                slug(machine))
     check_writable([os.path.join(folder, "summary.md")])
+    os.makedirs(folder, exist_ok=True)  # the steps' logs go there from the first step on
     out = {"machine": machine, "torch": torch.__version__, "dry_run": config["dry_run"], "steps": {}}
     t0 = time.perf_counter()
     try:

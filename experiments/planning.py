@@ -192,7 +192,7 @@ def report(data, s, scale):
 
 
 def main():
-    config, scale, device = resolve_experiment(DEFAULTS, SCALES, "planning", (".md", ".json"))
+    config, scale, device = resolve_experiment(DEFAULTS, SCALES, "planning", ())  # result_name checks its files
     result = result_name(config, MODEL_NAMES, "planning", scale)
     s = SCALES[scale]
     t0 = time.perf_counter()

@@ -232,7 +232,7 @@ def report(data, s, scale):
 
 
 def main():
-    config, scale, device = resolve_experiment(DEFAULTS, SCALES, "reversal", (".md", ".json"))
+    config, scale, device = resolve_experiment(DEFAULTS, SCALES, "reversal", ())  # result_name checks its files
     result = result_name(config, MODEL_NAMES, "reversal", scale)
     s = SCALES[scale]
     t0 = time.perf_counter()

@@ -97,8 +97,9 @@ def holds(folder, ids, train_tokens, stoi):
         return False
     with open(paths[2], "rb") as f:
         meta = pickle.load(f)
-    stored = [np.fromfile(path, dtype=np.uint16).tolist() for path in paths[:2]]
-    return meta.get("stoi") == stoi and stored == [ids[:train_tokens], ids[train_tokens:]]
+    return meta.get("stoi") == stoi and all(
+        np.array_equal(np.fromfile(path, dtype=np.uint16), part)
+        for path, part in zip(paths[:2], (ids[:train_tokens], ids[train_tokens:])))
 
 
 @torch.no_grad()

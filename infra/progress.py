@@ -92,16 +92,17 @@ class StopSignals:
 
 def write_atomically(path, text):
     """Write a results file whole or not at all (a stop mid-write leaves the previous version): what long
-    experiments call after each finished piece, so Ctrl-C keeps everything finished."""
+    experiments call after each finished piece, so Ctrl-C keeps everything finished. Makes its folder."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path + ".tmp", "w") as f:
         f.write(text)
     os.replace(path + ".tmp", path)
 
 
 def check_writable(paths, option="--out_dir"):
-    """Before the work: every file a command will write can be written (its folder made, a trial write); a path
-    that is a folder, a parent that is a file, a read-only or full disk is one line now, not a traceback at the
-    end of a long run."""
+    """Before the work: every file a command will write can be written (a trial write, in folders made for it and
+    removed again, so a command refused later leaves nothing behind); a path that is a folder, a parent that is a
+    file, a read-only or full disk is one line now, not a traceback at the end of a long run."""
     from infra.configurator import UserError
     for path in paths:
         if os.path.isdir(path):
@@ -112,6 +113,10 @@ def check_writable(paths, option="--out_dir"):
         if not os.path.isdir(above):
             raise UserError(f"{above} is a file, and {option} needs a folder there to write {os.path.basename(path)}: "
                             f"choose another {option}")
+        folder, made = os.path.dirname(os.path.abspath(path)), []
+        while folder != above:  # the folders this check makes, deepest first
+            made.append(folder)
+            folder = os.path.dirname(folder)
         try:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             trial = f"{path}.{os.getpid()}.tmp"  # this process's own: two commands may check one folder at once
@@ -120,3 +125,9 @@ def check_writable(paths, option="--out_dir"):
             os.remove(trial)
         except OSError as e:
             raise UserError(f"cannot write {path} ({e.strerror}): choose another {option}") from None
+        finally:
+            for folder in made:  # the writers make them again (write_atomically, train.py's out_dir)
+                try:
+                    os.rmdir(folder)
+                except OSError:  # not empty: another command writes there now
+                    break

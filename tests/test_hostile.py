@@ -224,7 +224,11 @@ def test_the_experiments_helpers_and_options_say_what_they_are(tmp_path):
     one_line(run_script("experiments/tagging.py", "--scale=quick", f"--out_dir={tmp_path}"), "unknown --scale=quick",
              "(or --quick)")
     assert not os.listdir(tmp_path)
-    one_line(run_script("experiments/tagging.py", "--quick", "--study_dir="), "--study_dir is empty")
+    one_line(run_script("experiments/tagging.py", "--quick", "--study_dir=", f"--out_dir={tmp_path / 'o'}"),
+             "--study_dir is empty")
+    one_line(run_script("experiments/reversal.py", "--quick", "--models=gpt,bort", f"--out_dir={tmp_path / 'o'}"),
+             "--models=gpt,bort")
+    assert not os.listdir(tmp_path)  # refused after the output check: it made no folder
 
 
 # ----------------------------------------------------------------------------- 7. edges
