@@ -11,7 +11,8 @@ Sections (one markdown table each; the same figures go to a JSON file, and PNG p
                   block masks (compiled; forward only on the CPU), and which kernel ran (claim E2)
   4. decoding     per-token latency against context length: KV cache vs recomputation (claim D4), a
                   240-token generation against the memory-bandwidth floor, and eager vs compiled decoding at
-                  batch 1, 8 and 32 against the floor of each
+                  batch 1, 8 and 32 against the floor of each, and our cached decoding against
+                  Hugging Face transformers' generate on the same model (where transformers is installed)
   (--compile=False skips the compiled rows of sections 2, 3 and 4, and their compile time)
   5. prefix       16 requests sharing a long prompt: one shared prefill vs 16 separate ones (claim D4)
 Every timing: warm-up first, device synchronisation before reading the clock, median of repeats, random inputs.
@@ -335,7 +336,51 @@ def bench_decoding(device, size, repeats, results, compiled_rows=True):
                            "generation": run, "bandwidth_floor_tokens_per_s": floor, "cache_speedup": speedup}
     if compiled_rows:
         text += bench_compiled_decoding(device, size, repeats, results, models, prompt, new)
-    return text
+    return text + bench_hugging_face(device, size, repeats, results, prompt, new, compiled_rows)
+
+
+def bench_hugging_face(device, size, repeats, results, prompt, new, compiled_rows):
+    """4d: our cached greedy decoding against Hugging Face transformers' `generate` on the same model: a GPT-2 of
+    the benchmark's size built by transformers (random weights, GPT-2's own layout: biases, tied head), the same
+    weights loaded into our Transformer (infra/pretrained.py). Batch 1, the same prompt and number of tokens; the
+    two must write the same tokens (greedy), else the row says so. Skipped where transformers is not installed."""
+    try:
+        import transformers
+    except ImportError:
+        text = "\n### 4d. Against Hugging Face transformers: skipped (not installed; pip install transformers)\n"
+        print(text, flush=True)
+        return text
+    import kvcache
+    from infra.pretrained import build as build_published
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    theirs = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=size["vocab"], n_positions=size["block_size"], n_embd=size["n_embd"], n_layer=size["n_layer"],
+        n_head=size["n_head"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None,
+        eos_token_id=None, pad_token_id=0)).to(device).eval()
+    ours, _ = build_published(theirs.config, theirs.state_dict(), "transformers' GPT2LMHeadModel", device)
+    reps = max(1, repeats // 2)
+    samplers = {"ours, KV cache (kvcache.generate)": lambda: kvcache.generate(ours, prompt, new, temperature=0),
+                "transformers generate (use_cache=True, greedy)": lambda: theirs.generate(
+                    prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new, min_new_tokens=new,
+                    do_sample=False, use_cache=True)}
+    if compiled_rows:
+        samplers["ours, KV cache, compiled step"] = lambda: kvcache.generate(ours, prompt, new, temperature=0,
+                                                                             compiled=True)
+    data, tokens = {}, {}
+    with torch.no_grad(), autocast_for(device, size["dtype"]):
+        for name, sample in samplers.items():
+            tokens[name] = sample()[0, prompt.size(1):].tolist()  # also the warm-up (and the compilation)
+            data[name] = {"tokens_per_s": new / median_time(sample, device, reps, warmup=0)}
+    reference = data["transformers generate (use_cache=True, greedy)"]["tokens_per_s"]
+    same = {name: tokens[name] == tokens["transformers generate (use_cache=True, greedy)"] for name in tokens}
+    rows = [[name, f"{figures['tokens_per_s']:,.1f}", f"{figures['tokens_per_s'] / reference:.2f}x",
+             "yes" if same[name] else "NO"] for name, figures in data.items()]
+    results["hugging_face_decoding"] = {"transformers": transformers.__version__, "new_tokens": new,
+                                        "samplers": data, "same_tokens": same}
+    return table(f"4d. Against Hugging Face transformers {transformers.__version__}: {new} greedy tokens from a "
+                 f"{prompt.size(1)}-token prompt, batch 1, the same GPT-2-layout model (their random weights in our "
+                 f"modules)", ["sampler", "tokens/s", "vs transformers", "same tokens"], rows)
 
 
 def decoding_cost(model, average_context, encoder_length=0):

@@ -180,6 +180,13 @@ def test_bench_quick_runs_every_section(tmp_path):
         flex = results["attention"][f"FlexAttention, {mask}"]
         assert flex["max_error_vs_sdpa"] < 1e-5, flex  # the same attention as SDPA with the same mask, float32
     assert {f"gpt, batch {b}, {m}" for b in (1, 8) for m in ("eager", "compiled")} <= set(results["compiled_decoding"])
+    try:  # 4d: against transformers' generate on the same weights, where transformers is installed
+        import transformers  # noqa: F401
+    except ImportError:
+        assert "4d. Against Hugging Face transformers: skipped" in result.stdout
+    else:  # greedy on the same weights: our cached sampler (eager and compiled) writes their tokens
+        assert all(results["hugging_face_decoding"]["same_tokens"].values())
+        assert len(results["hugging_face_decoding"]["samplers"]) == 3
 
 
 # ----------------------------------------------------------------------------- round 2: values that used to crash
