@@ -15,6 +15,8 @@ Sections (one markdown table each; the same figures go to a JSON file, and PNG p
                   Hugging Face transformers' generate on the same model (where transformers is installed)
   (--compile=False skips the compiled rows of sections 2, 3 and 4, and their compile time)
   5. prefix       16 requests sharing a long prompt: one shared prefill vs 16 separate ones (claim D4)
+  6. profile      where a cached decoding step's time goes: torch.profiler's operators by self time, gpt at
+                  batch 1 and 32, eager and compiled
 Every timing: warm-up first, device synchronisation before reading the clock, median of repeats, random inputs.
 """
 import atexit
@@ -35,11 +37,11 @@ from infra.configurator import (QUICK_NOTE, QUICK_OUTPUT, UserError, apply_overr
 from infra.progress import Progress, StopSignals, check_writable, format_duration, write_atomically
 from infra.timing import copy_bandwidth, machine_name, matmul_flops_per_second, median_time, mfu_text, time_once
 
-SECTIONS = ("ceilings", "training", "attention", "decoding", "prefix")
+SECTIONS = ("ceilings", "training", "attention", "decoding", "prefix", "profile")
 DEFAULTS = dict(
     device="auto",
     quick=False,           # tiny sizes, few repeats: checks that everything runs, not how fast
-    sections="all",        # "all" or a comma-separated subset of: ceilings,training,attention,decoding,prefix
+    sections="all",        # "all" or a comma-separated subset of: ceilings,training,attention,decoding,prefix,profile
     repeats=5,             # timings are medians over this many runs
     out="",                # JSON path; "" = results/bench/bench-<device>.json (--quick: out-quick/bench/, not committed)
     plots=True,            # write PNGs next to the JSON when matplotlib is installed
@@ -493,6 +495,62 @@ def bench_prefix(device, size, repeats, results):
                   ["one shared prefill, forked cache", f"{shared * 1e3:.1f}", f"{separate / shared:.2f}x"]])
 
 
+def bench_profile(device, size, repeats, results, compiled_rows=True, steps=32, top=8):
+    """6: where a decoding step's time goes. torch.profiler around `steps` cached gpt steps at the middle of the
+    context (the cache rewound before each, as in 4a), batch 1 and 32, eager and compiled: the operators by their
+    own (self) time, and what is left of the wall time outside every operator (Python, the profiler's own cost, and
+    on a GPU the launches). The profiler adds a few microseconds per operator, so shares are what to read here;
+    the speeds are those of 4c."""
+    import kvcache
+    os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # the profiler's library would print two lines per profile
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    model = build("gpt", size, device).eval()
+    T = size["block_size"]
+    ids = torch.randint(0, 60, (1, T), device=device, generator=torch.Generator(device=device).manual_seed(0))
+    modes = (("eager", kvcache.decode_step),) + ((("compiled", kvcache.compiled_decode_step()),) if compiled_rows
+                                                  else ())
+    cases = [(batch, mode, step) for batch in (1, 32) for mode, step in modes]
+    text, data = "", {}
+    progress = Progress("[bench] decoding profile", len(cases))
+    torch._dynamo.reset()
+    with torch.inference_mode(), autocast_for(device, size["dtype"]):
+        for done, (batch, mode, step) in enumerate(cases):
+            progress.update(done)
+            cache = kvcache.KVCache(model, batch, T)
+            kvcache.prefill(model, ids[:, :T // 2].expand(batch, -1), cache)
+            token, start = ids[:, T // 2:T // 2 + 1].expand(batch, -1), cache.length
+
+            def decode():
+                for _ in range(steps):
+                    cache.length = start
+                    step(model, token, cache)
+
+            for _ in range(3):  # warm-up (and, compiled, the compilation)
+                decode()
+            with profile(activities=activities) as prof:
+                wall = time_once(decode, device)  # the wall time of the same steps, profiled
+            events = [e for e in prof.key_averages() if e.self_device_time_total or e.self_cpu_time_total]
+            key = "self_device_time_total" if device.startswith("cuda") else "self_cpu_time_total"
+            events.sort(key=lambda e: getattr(e, key), reverse=True)
+            total = sum(getattr(e, key) for e in events) / 1e6  # seconds spent inside operators
+            ops = [{"name": e.key, "share": getattr(e, key) / 1e6 / wall, "calls_per_step": e.count / steps,
+                    "us_per_call": getattr(e, key) / max(1, e.count)} for e in events[:top]]
+            data[f"batch {batch}, {mode}"] = {"ms_per_step": 1e3 * wall / steps, "in_operators": total / wall,
+                                              "operators_per_step": sum(e.count for e in events) / steps,
+                                              "top": ops}
+            rows = [[o["name"][:60], f"{100 * o['share']:.1f}%", f"{o['calls_per_step']:.0f}", f"{o['us_per_call']:.1f}"]
+                    for o in ops]
+            rows.append(["(outside every operator: Python, dispatch, profiler)", f"{100 * max(0.0, 1 - total / wall):.1f}%",
+                         "-", "-"])
+            text += table(f"6. Profile of a decoding step: gpt, batch {batch}, {mode}: {1e3 * wall / steps:.2f} ms per "
+                          f"step under the profiler, {data[f'batch {batch}, {mode}']['operators_per_step']:.0f} "
+                          f"operator calls per step", ["operator (self time)", "of wall time", "calls per step",
+                                                       "us per call"], rows)
+    results["profile"] = data
+    return text
+
+
 def plot(results, path):
     try:
         import matplotlib
@@ -569,6 +627,7 @@ def main():
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = kernel_cache = tempfile.mkdtemp(prefix="bench-inductor-")
         atexit.register(shutil.rmtree, kernel_cache, ignore_errors=True)
     sections = {"ceilings": bench_ceilings, "prefix": bench_prefix,
+                "profile": lambda *a: bench_profile(*a, compiled_rows=compiled_rows),
                 "training": lambda *a: bench_training(*a, compiled_rows=compiled_rows),
                 "attention": lambda *a: bench_attention(*a, compiled_rows=compiled_rows),
                 "decoding": lambda *a: bench_decoding(*a, compiled_rows=compiled_rows)}
