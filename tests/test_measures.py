@@ -125,6 +125,30 @@ def test_second_half_bits_of_a_context_free_model_is_its_cross_entropy(arch):
     assert score == pytest.approx(expected, rel=1e-5)
 
 
+class PrefixPeeker(StandIn):
+    """A prefix-LM reader that copies the next character wherever its mask shows it: position i sees i + 1 only
+    inside the bidirectional prefix (i + 1 < prefix_length); elsewhere it has nothing to go on."""
+
+    def __init__(self):
+        super().__init__("prefixlm", None)
+
+    def __call__(self, inputs, prefix_length=None, decoder_inputs=None, **_):
+        positions = torch.arange(inputs.size(1))
+        visible = positions[None, :-1] + 1 < prefix_length[:, None]  # (B, T - 1): is i + 1 in the prefix?
+        self.rule = lambda ids, _: torch.cat([torch.where(visible, ids[:, 1:], -1), torch.full_like(ids[:, :1], -1)],
+                                             dim=1)
+        return super().__call__(inputs)
+
+
+def test_the_prefixlm_metric_scores_only_what_its_prefix_hides():
+    """prefixlm reads the first half as its bidirectional prefix, and every scored character lies after it: a
+    reader that copies what its prefix shows has nothing and scores log2 V. A prefix one character longer would
+    show it the first scored character (0 bits there)."""
+    windows = counting_windows()
+    score, _ = study.second_half_bits("prefixlm", PrefixPeeker(), windows, SPECIALS, torch.Generator())
+    assert score == pytest.approx(math.log2(V), rel=1e-5)
+
+
 def test_the_bidirectional_chain_rule_hides_the_future():
     """bert and diffusion are scored left to right with [MASK] on every position not scored yet. A reader that
     copies from the right would score 0 bits/char if the future leaked; hidden, it has nothing and scores log2 V.
@@ -144,6 +168,18 @@ def test_the_diffusion_elbo_weights_each_masked_position_by_one_over_t():
     score, extra = bits("diffusion", "bert", uniform, windows)
     assert score == pytest.approx(math.log2(V), rel=1e-5)  # the exact chain rule of a uniform model
     assert extra["elbo_bits"] == pytest.approx(math.log2(V), rel=0.08)
+
+
+def test_the_diffusion_elbo_integrates_over_every_masking_rate():
+    """A reader that needs its left neighbour (x[i-1] + 1): a masked position costs log V only where that
+    neighbour is masked too (probability t), and nothing otherwise; the second half's first position always has
+    its neighbour in the visible first half. So E[masked * cost / t] = t log V for the other T/2 - 1 positions, and
+    over t ~ U(0, 1) the ELBO is (T/2 - 1) / (T/2) * log2 V / 2 bits/char. Rates drawn from another range (U(1/2,
+    1): x 1.5) or weighted by 1 (x 2/3) move it far outside the Monte Carlo's 8%."""
+    windows = counting_windows(4 * N)
+    _, extra = bits("diffusion", "bert", from_left_neighbour, windows)
+    H = T // 2
+    assert extra["elbo_bits"] == pytest.approx((H - 1) / H * math.log2(V) / 2, rel=0.08)
 
 
 # ----------------------------------------------------------------------------- cloze
@@ -242,6 +278,49 @@ def test_gpt_cloze_left_only_and_exact_bayes_against_a_brute_force_joint():
 
 
 # ----------------------------------------------------------------------------- the plateau, the ranks, NoPE, C2
+
+def test_prefixlm_cloze_reads_only_the_left_of_the_blank():
+    """prefixlm's left-only cloze makes everything before the blank its bidirectional prefix, not the blank: a
+    reader that copies what its prefix shows has nothing at the blank (uniform logits: it names id 0), one that
+    knows the rule from the left is exact."""
+    windows = counting_windows()
+    blanks = blanks_of(windows)
+    peeked = study.cloze_accuracy("prefixlm", PrefixPeeker(), windows, blanks, SPECIALS, 0)["left only"]
+    assert peeked == pytest.approx((windows.gather(1, blanks) == 0).float().mean().item())
+    assert study.cloze_accuracy("prefixlm", StandIn("prefixlm", successor), windows, blanks, SPECIALS,
+                                0)["left only"] == 1.0
+
+
+def test_the_character_frequency_references_by_hand(tmp_path):
+    """The floor every model is read against: bits/char of the second halves under add-one smoothed training
+    frequencies, and the cloze accuracy of always naming the most frequent training character, computed here from
+    the counts with numpy."""
+    rng = np.random.default_rng(0)
+    train = rng.choice(V, size=5000, p=rng.dirichlet(np.ones(V))).astype(np.uint16)
+    train.tofile(tmp_path / "train.bin")
+    windows = torch.from_numpy(rng.choice(V, size=(N, T)))
+    blanks = blanks_of(windows)
+    counts = np.bincount(train, minlength=V)
+    p = (counts + 1) / (counts + 1).sum()
+    reference = study.unigram_reference(str(tmp_path / "train.bin"), windows, blanks, V)
+    assert reference["bits_per_char"] == pytest.approx(-np.log2(p[windows[:, T // 2:].numpy()]).mean(), rel=1e-9)
+    assert reference["cloze"] == pytest.approx((windows.gather(1, blanks).numpy() == counts.argmax()).mean())
+
+
+def test_the_correction_probes_rule_is_learned_from_the_training_positions():
+    """The rule beside the probe names the most frequent target of the *training* positions: training windows
+    whose next character is mostly 0, test windows whose next character is always 1, so the rule scores 0% there
+    (a rule fitted on the test positions would score 100%)."""
+    class OneHotStates:  # its "states" are the characters themselves
+        def run_stack(self, windows):
+            return F.one_hot(windows, V).float()
+    train_windows = torch.zeros(N, T, dtype=torch.long)
+    train_windows[:, ::5] = 2
+    test_windows = torch.ones(N, T, dtype=torch.long)
+    _, rule = study.correction_probe(OneHotStates(), train_windows, test_windows, V, seed=0, task="next character",
+                                     steps=5)
+    assert rule == 0.0
+
 
 def test_the_plateau_check_can_say_no():
     data = {"unigram_reference": {"bits_per_char": 4.87},
