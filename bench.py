@@ -370,10 +370,17 @@ def bench_hugging_face(device, size, repeats, results, prompt, new, compiled_row
         samplers["ours, KV cache, compiled step"] = lambda: kvcache.generate(ours, prompt, new, temperature=0,
                                                                              compiled=True)
     data, tokens = {}, {}
-    with torch.no_grad(), autocast_for(device, size["dtype"]):
+    torch._dynamo.reset()  # a new model: graphs of its own (as in 4c)
+    with torch.no_grad():
         for name, sample in samplers.items():
-            tokens[name] = sample()[0, prompt.size(1):].tolist()  # also the warm-up (and the compilation)
-            data[name] = {"tokens_per_s": new / median_time(sample, device, reps, warmup=0)}
+            # the tokens in float32 (in bfloat16 the two implementations' roundings could flip a near-tie of
+            # random weights), also the warm-up and the compilation; then the timing in the benchmark's dtype
+            tokens[name] = sample()[0, prompt.size(1):].tolist()
+            with autocast_for(device, size["dtype"]):
+                sample()
+                data[name] = {"tokens_per_s": new / median_time(sample, device, reps, warmup=0)}
+    if any(len(written) != new for written in tokens.values()):
+        raise RuntimeError(f"4d: a sampler did not write {new} tokens: {[len(t) for t in tokens.values()]}")
     reference = data["transformers generate (use_cache=True, greedy)"]["tokens_per_s"]
     same = {name: tokens[name] == tokens["transformers generate (use_cache=True, greedy)"] for name in tokens}
     rows = [[name, f"{figures['tokens_per_s']:,.1f}", f"{figures['tokens_per_s'] / reference:.2f}x",
@@ -382,7 +389,8 @@ def bench_hugging_face(device, size, repeats, results, prompt, new, compiled_row
                                         "samplers": data, "same_tokens": same}
     return table(f"4d. Against Hugging Face transformers {transformers.__version__}: {new} greedy tokens from a "
                  f"{prompt.size(1)}-token prompt, batch 1, the same GPT-2-layout model (their random weights in our "
-                 f"modules)", ["sampler", "tokens/s", "vs transformers", "same tokens"], rows)
+                 f"modules); same tokens: checked in float32; our cache keeps float32 keys and values",
+                 ["sampler", "tokens/s", "vs transformers", "same tokens"], rows)
 
 
 def decoding_cost(model, average_context, encoder_length=0):
@@ -498,13 +506,18 @@ def bench_prefix(device, size, repeats, results):
 def bench_profile(device, size, repeats, results, compiled_rows=True, steps=32, top=8):
     """6: where a decoding step's time goes. torch.profiler around `steps` cached gpt steps at the middle of the
     context (the cache rewound before each, as in 4a), batch 1 and 32, eager and compiled: the operators by their
-    own (self) time, and what is left of the wall time outside every operator (Python, the profiler's own cost, and
-    on a GPU the launches). The profiler adds a few microseconds per operator, so shares are what to read here;
-    the speeds are those of 4c."""
+    own (self) time, on the CPU the host's time, on a GPU the time of each operator's kernels, and what is left of
+    the wall time (on the CPU: Python, dispatch and the profiler's own cost; on a GPU: time the GPU waits for the
+    host). Compiled, the top rows include the compiled region's wrappers (guards, the graph call): their self time is
+    overhead around the kernels. The profiler adds a few microseconds per operator, so shares are what to read
+    here; the speeds are those of 4c."""
     import kvcache
     os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # the profiler's library would print two lines per profile
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    on_gpu = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    key = "self_device_time_total" if on_gpu else "self_cpu_time_total"  # microseconds
     model = build("gpt", size, device).eval()
     T = size["block_size"]
     ids = torch.randint(0, 60, (1, T), device=device, generator=torch.Generator(device=device).manual_seed(0))
@@ -530,23 +543,25 @@ def bench_profile(device, size, repeats, results, compiled_rows=True, steps=32, 
                 decode()
             with profile(activities=activities) as prof:
                 wall = time_once(decode, device)  # the wall time of the same steps, profiled
-            events = [e for e in prof.key_averages() if e.self_device_time_total or e.self_cpu_time_total]
-            key = "self_device_time_total" if device.startswith("cuda") else "self_cpu_time_total"
-            events.sort(key=lambda e: getattr(e, key), reverse=True)
-            total = sum(getattr(e, key) for e in events) / 1e6  # seconds spent inside operators
+            # the host's operators only: on a GPU each also carries its kernels' time, which the profiler lists a
+            # second time as kernel events (counting both would count every kernel twice)
+            events = sorted((e for e in prof.key_averages() if e.device_type == DeviceType.CPU and getattr(e, key)),
+                            key=lambda e: getattr(e, key), reverse=True)
+            inside = sum(getattr(e, key) for e in events) / 1e6 / wall  # share of the wall time inside operators
             ops = [{"name": e.key, "share": getattr(e, key) / 1e6 / wall, "calls_per_step": e.count / steps,
                     "us_per_call": getattr(e, key) / max(1, e.count)} for e in events[:top]]
-            data[f"batch {batch}, {mode}"] = {"ms_per_step": 1e3 * wall / steps, "in_operators": total / wall,
-                                              "operators_per_step": sum(e.count for e in events) / steps,
-                                              "top": ops}
-            rows = [[o["name"][:60], f"{100 * o['share']:.1f}%", f"{o['calls_per_step']:.0f}", f"{o['us_per_call']:.1f}"]
-                    for o in ops]
-            rows.append(["(outside every operator: Python, dispatch, profiler)", f"{100 * max(0.0, 1 - total / wall):.1f}%",
-                         "-", "-"])
-            text += table(f"6. Profile of a decoding step: gpt, batch {batch}, {mode}: {1e3 * wall / steps:.2f} ms per "
-                          f"step under the profiler, {data[f'batch {batch}, {mode}']['operators_per_step']:.0f} "
-                          f"operator calls per step", ["operator (self time)", "of wall time", "calls per step",
-                                                       "us per call"], rows)
+            data[f"batch {batch}, {mode}"] = figures = {"ms_per_step": 1e3 * wall / steps, "in_operators": inside,
+                                                        "calls_per_step": sum(e.count for e in events) / steps,
+                                                        "top": ops}
+            rows = [[o["name"][:60], f"{100 * o['share']:.1f}%", f"{o['calls_per_step']:.0f}",
+                     f"{o['us_per_call']:.1f}"] for o in ops]
+            # above 100% inside, the self times overlapped (threads of their own): the shares do not add up
+            rows.append(["(GPU waiting for the host)" if on_gpu else "(outside every operator: Python, dispatch)",
+                         f"{100 * (1 - inside):.1f}%" + (" (overlap: not additive)" if inside > 1 else ""), "-", "-"])
+            text += table(f"6. Profile of a decoding step: gpt, batch {batch}, {mode}: {figures['ms_per_step']:.2f} ms "
+                          f"per step under the profiler, {figures['calls_per_step']:.0f} profiled calls per step "
+                          f"(nested ones included)", ["operator (self time)", "of wall time", "calls per step",
+                                                      "us per call"], rows)
     results["profile"] = data
     return text
 

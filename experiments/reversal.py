@@ -5,6 +5,8 @@ Question: the reversal curse (claim X4). Trained on "A is B" in one direction on
     python experiments/reversal.py               # 7 models x 3 seeds at equal FLOPs: ~12 minutes a seed measured
                                                  # (one thread, 2 cores shared with other jobs)
                                                  # -> results/structural/reversal-cpu.{md,json}
+    python experiments/reversal.py --models=gpt,bert,diffusion      # the curse and its escape alone: ~14 minutes
+                                                 # -> reversal-cpu-gpt-bert-diffusion.{md,json}
     python experiments/reversal.py --models=t5,t5-ul2 --budget=4    # the models that fail the positive control at
                                                  # 4 x the budget -> reversal-cpu-t5-t5-ul2-x4.{md,json}
     python experiments/reversal.py --scale=gpu   # more entities, a larger model

@@ -173,8 +173,8 @@ def test_bench_quick_runs_every_section(tmp_path):
     for section in ("ceilings", "training", "attention", "decoding", "prefix", "profile"):
         assert section in results
     for case in ("batch 1, eager", "batch 32, eager", "batch 1, compiled", "batch 32, compiled"):
-        profiled = results["profile"][case]  # the operators' self times are a part of the wall time
-        assert 0 < profiled["in_operators"] <= 1.0 and 0 < sum(o["share"] for o in profiled["top"]) <= 1.0, case
+        profiled = results["profile"][case]  # one thread's operators: their self times are a part of the wall time
+        assert 0 < profiled["in_operators"] <= 1.0 and profiled["calls_per_step"] >= 1, case
     assert any(o["name"] in ("aten::mm", "aten::addmm") for o in results["profile"]["batch 32, eager"]["top"])
     assert set(results["training"]) >= {"gpt", "bert", "prefixlm", "t5"}
     assert (tmp_path / "bench.md").exists() and "### 5." in result.stdout
