@@ -5,8 +5,10 @@ solves it? And does the order in which a diffusion model unmasks matter?
 
     python experiments/planning.py               # 7 models x 3 seeds at equal FLOPs -> results/structural/
                                                  # planning-cpu.{md,json} (not run at this preset; ~40 minutes)
-    python experiments/planning.py --models=gpt,gpt-reversed,diffusion   # the three X5 is about: ~20 minutes
-                                                 # -> planning-cpu-gpt-gpt-reversed-diffusion.{md,json}
+    python experiments/planning.py --models=gpt,gpt-reversed,diffusion   # the three X5 is about: ~20 minutes, but
+                                                 # the control fails at 1 x -> planning-cpu-gpt-gpt-reversed-diffusion.*
+    python experiments/planning.py --models=gpt,gpt-reversed,diffusion --budget=6   # where the control passes:
+                                                 # ~30 minutes a model for 3 seeds (measured: one thread, cores shared)
     python experiments/planning.py --scale=gpu   # larger graphs and model
     python experiments/planning.py --quick       # a smoke run in seconds (the test suite runs it) -> out-quick/
 

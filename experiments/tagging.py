@@ -2,7 +2,7 @@
 Question: right context decides (claim B1, and X1's mechanism). On a per-character label that depends on what comes
 later, is a causal reader capped at what the prefix tells, whatever its training, while a bidirectional one is not?
 
-    python experiments/tagging.py                # 6 readers x probe/full x 3 seeds: ~20 minutes on 2 cores
+    python experiments/tagging.py                # 6 readers x probe/full x 3 seeds: 8 minutes measured
                                                  # -> results/structural/tagging-cpu.{md,json}
     python experiments/tagging.py --quick        # a smoke run in seconds (the test suite runs it) -> out-quick/
 

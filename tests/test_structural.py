@@ -235,6 +235,36 @@ def test_the_both_sides_rule_reads_a_word_end_and_the_prefix_rule_cannot():
     assert prefix[0] < 0.99
 
 
+def test_a_reader_whose_states_hold_the_next_character_passes_the_causal_cap(monkeypatch):
+    """The tagging head scores what the states hold: states that hold each character and the next one (what a
+    bidirectional reader can have) tell "ends a word" exactly; states that hold only the character itself (a prefix
+    of length one) reach what the 1-gram rule of the prefix reaches, and no more, whatever the head's training."""
+    text = " ".join(np.random.default_rng(6).choice(["ab", "abc", "abcd", "ba", "bab"], 3000).tolist())
+    vocab = sorted(set(text))
+    rng = np.random.default_rng(7)
+    train = (text, *tagging.windows_of(text, 300, 16, rng))
+    evaluation = (text, *tagging.windows_of(text, 200, 16, rng))
+
+    def one_hot_states(sees_next):
+        def states(backbone, text, starts, length, how):
+            ids = torch.tensor([[vocab.index(c) for c in text[s:s + length + 1]] for s in starts])
+            own = F.one_hot(ids[:, :length], len(vocab)).float()
+            return torch.cat([own, F.one_hot(ids[:, 1:], len(vocab)).float() * sees_next], dim=-1)
+        return states
+
+    model = torch.nn.Linear(1, 1)  # the probe never calls it; run_cell reads its config and its modes
+    model.config = type("Config", (), {"n_embd": 2 * len(vocab)})()
+    backbone = type("Backbone", (), {"model": model, "device": "cpu"})()
+    s = dict(tagging.SCALES["quick"], probe_steps=300, head_learning_rate=0.1)
+    scores = {}
+    for sees_next in (1.0, 0.0):
+        monkeypatch.setattr(tagging, "reader_states", one_hot_states(sees_next))
+        scores[sees_next] = tagging.run_cell(backbone, "states", "probe", train, evaluation, 16, 0, s, None)
+    one_gram = tagging.ngram_rule(train, evaluation, 16, 0, 0)
+    assert scores[1.0][0] == pytest.approx(1.0)  # ends a word: the next character decides
+    assert scores[0.0][0] == pytest.approx(one_gram[0], abs=0.02) and scores[0.0][0] < 0.9
+
+
 # ----------------------------------------------------------------------------- end to end
 
 @pytest.mark.parametrize("name", ["reversal", "planning", "tagging"])
