@@ -6,7 +6,7 @@ size and recipe on judgements over a whole input (F3), on embeddings for retriev
     python experiments/finetune.py --init_from=out-cpu-gpt --task=tampered --mode=full --pooling=mean --seeds=3
     python experiments/finetune.py --init_from=bert-base-uncased --task=retrieval  # published (infra/pretrained.py)
     python experiments/finetune.py --study          # the study's gpt, bert, prefixlm, t5, diffusion x every task x
-                                                    # mode x 3 seeds: 85 min measured -> results/study/finetune-cpu.*
+                                                    # mode x 3 seeds: 85 minutes -> results/study/finetune-cpu.*
     python experiments/finetune.py --study --quick  # seconds (the test suite runs it) -> out-quick/
 
 Tasks (tasks.py, made from the text of the prepared char-level dataset, training and evaluation examples from
