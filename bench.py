@@ -17,6 +17,7 @@ Sections (one markdown table each; the same figures go to a JSON file, and PNG p
   5. prefix       16 requests sharing a long prompt: one shared prefill vs 16 separate ones (claim D4)
   6. profile      where a cached decoding step's time goes: torch.profiler's operators by self time, gpt at
                   batch 1 and 32, eager and compiled
+(4d and 6 measure with infra/decoding_diagnostics.py; this file prints their tables)
 Every timing: warm-up first, device synchronisation before reading the clock, median of repeats, random inputs.
 """
 import atexit
@@ -34,6 +35,7 @@ import torch.nn.functional as F
 
 from infra.configurator import (QUICK_NOTE, QUICK_OUTPUT, UserError, apply_overrides, check_compiler, pick_device,
                                 run_main)
+from infra.decoding_diagnostics import against_hugging_face, profile_decoding
 from infra.progress import Progress, StopSignals, check_writable, format_duration, write_atomically
 from infra.timing import copy_bandwidth, machine_name, matmul_flops_per_second, median_time, mfu_text, time_once
 
@@ -342,52 +344,20 @@ def bench_decoding(device, size, repeats, results, compiled_rows=True):
 
 
 def bench_hugging_face(device, size, repeats, results, prompt, new, compiled_rows):
-    """4d: our cached greedy decoding against Hugging Face transformers' `generate` on the same model: a GPT-2 of
-    the benchmark's size built by transformers (random weights, GPT-2's own layout: biases, tied head), the same
-    weights loaded into our Transformer (infra/pretrained.py). Batch 1, the same prompt and number of tokens; the
-    two must write the same tokens (greedy), else the row says so. Skipped where transformers is not installed."""
-    try:
-        import transformers
-    except ImportError:
+    """4d: our cached greedy decoding against Hugging Face transformers' `generate` on the same GPT-2-layout model
+    (their random weights loaded into our modules), batch 1 (infra/decoding_diagnostics.py). The two must write the
+    same tokens (greedy), else the row says so. Skipped where transformers is not installed."""
+    data = against_hugging_face(size, prompt, new, device, max(1, repeats // 2),
+                                lambda: autocast_for(device, size["dtype"]), compiled_rows)
+    if data is None:
         text = "\n### 4d. Against Hugging Face transformers: skipped (not installed; pip install transformers)\n"
         print(text, flush=True)
         return text
-    import kvcache
-    from infra.pretrained import build as build_published
-    transformers.logging.set_verbosity_error()
-    torch.manual_seed(0)
-    theirs = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=size["vocab"], n_positions=size["block_size"], n_embd=size["n_embd"], n_layer=size["n_layer"],
-        n_head=size["n_head"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None,
-        eos_token_id=None, pad_token_id=0)).to(device).eval()
-    ours, _ = build_published(theirs.config, theirs.state_dict(), "transformers' GPT2LMHeadModel", device)
-    reps = max(1, repeats // 2)
-    samplers = {"ours, KV cache (kvcache.generate)": lambda: kvcache.generate(ours, prompt, new, temperature=0),
-                "transformers generate (use_cache=True, greedy)": lambda: theirs.generate(
-                    prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new, min_new_tokens=new,
-                    do_sample=False, use_cache=True)}
-    if compiled_rows:
-        samplers["ours, KV cache, compiled step"] = lambda: kvcache.generate(ours, prompt, new, temperature=0,
-                                                                             compiled=True)
-    data, tokens = {}, {}
-    torch._dynamo.reset()  # a new model: graphs of its own (as in 4c)
-    with torch.no_grad():
-        for name, sample in samplers.items():
-            # the tokens in float32 (in bfloat16 the two implementations' roundings could flip a near-tie of
-            # random weights), also the warm-up and the compilation; then the timing in the benchmark's dtype
-            tokens[name] = sample()[0, prompt.size(1):].tolist()
-            with autocast_for(device, size["dtype"]):
-                sample()
-                data[name] = {"tokens_per_s": new / median_time(sample, device, reps, warmup=0)}
-    if any(len(written) != new for written in tokens.values()):
-        raise RuntimeError(f"4d: a sampler did not write {new} tokens: {[len(t) for t in tokens.values()]}")
-    reference = data["transformers generate (use_cache=True, greedy)"]["tokens_per_s"]
-    same = {name: tokens[name] == tokens["transformers generate (use_cache=True, greedy)"] for name in tokens}
+    results["hugging_face_decoding"] = data
+    reference = data["samplers"][data["reference"]]["tokens_per_s"]
     rows = [[name, f"{figures['tokens_per_s']:,.1f}", f"{figures['tokens_per_s'] / reference:.2f}x",
-             "yes" if same[name] else "NO"] for name, figures in data.items()]
-    results["hugging_face_decoding"] = {"transformers": transformers.__version__, "new_tokens": new,
-                                        "samplers": data, "same_tokens": same}
-    return table(f"4d. Against Hugging Face transformers {transformers.__version__}: {new} greedy tokens from a "
+             "yes" if data["same_tokens"][name] else "NO"] for name, figures in data["samplers"].items()]
+    return table(f"4d. Against Hugging Face transformers {data['transformers']}: {new} greedy tokens from a "
                  f"{prompt.size(1)}-token prompt, batch 1, the same GPT-2-layout model (their random weights in our "
                  f"modules); same tokens: checked in float32; our cache keeps float32 keys and values",
                  ["sampler", "tokens/s", "vs transformers", "same tokens"], rows)
@@ -503,66 +473,26 @@ def bench_prefix(device, size, repeats, results):
                   ["one shared prefill, forked cache", f"{shared * 1e3:.1f}", f"{separate / shared:.2f}x"]])
 
 
-def bench_profile(device, size, repeats, results, compiled_rows=True, steps=32, top=8):
-    """6: where a decoding step's time goes. torch.profiler around `steps` cached gpt steps at the middle of the
-    context (the cache rewound before each, as in 4a), batch 1 and 32, eager and compiled: the operators by their
-    own (self) time, on the CPU the host's time, on a GPU the time of each operator's kernels, and what is left of
-    the wall time (on the CPU: Python, dispatch and the profiler's own cost; on a GPU: time the GPU waits for the
-    host). Compiled, the top rows include the compiled region's wrappers (guards, the graph call): their self time is
-    overhead around the kernels. The profiler adds a few microseconds per operator, so shares are what to read
-    here; the speeds are those of 4c."""
-    import kvcache
-    os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # the profiler's library would print two lines per profile
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-    on_gpu = device.startswith("cuda")
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    key = "self_device_time_total" if on_gpu else "self_cpu_time_total"  # microseconds
+def bench_profile(device, size, repeats, results, compiled_rows=True):
+    """6: where a decoding step's time goes: torch.profiler around 32 cached gpt steps at the middle of the context,
+    batch 1 and 32, eager and compiled, the operators by their own time (infra/decoding_diagnostics.py; what it
+    showed: docs/speed.md)."""
     model = build("gpt", size, device).eval()
-    T = size["block_size"]
-    ids = torch.randint(0, 60, (1, T), device=device, generator=torch.Generator(device=device).manual_seed(0))
-    modes = (("eager", kvcache.decode_step),) + ((("compiled", kvcache.compiled_decode_step()),) if compiled_rows
-                                                  else ())
-    cases = [(batch, mode, step) for batch in (1, 32) for mode, step in modes]
-    text, data = "", {}
-    progress = Progress("[bench] decoding profile", len(cases))
-    torch._dynamo.reset()
-    with torch.inference_mode(), autocast_for(device, size["dtype"]):
-        for done, (batch, mode, step) in enumerate(cases):
-            progress.update(done)
-            cache = kvcache.KVCache(model, batch, T)
-            kvcache.prefill(model, ids[:, :T // 2].expand(batch, -1), cache)
-            token, start = ids[:, T // 2:T // 2 + 1].expand(batch, -1), cache.length
-
-            def decode():
-                for _ in range(steps):
-                    cache.length = start
-                    step(model, token, cache)
-
-            for _ in range(3):  # warm-up (and, compiled, the compilation)
-                decode()
-            with profile(activities=activities) as prof:
-                wall = time_once(decode, device)  # the wall time of the same steps, profiled
-            # the host's operators only: on a GPU each also carries its kernels' time, which the profiler lists a
-            # second time as kernel events (counting both would count every kernel twice)
-            events = sorted((e for e in prof.key_averages() if e.device_type == DeviceType.CPU and getattr(e, key)),
-                            key=lambda e: getattr(e, key), reverse=True)
-            inside = sum(getattr(e, key) for e in events) / 1e6 / wall  # share of the wall time inside operators
-            ops = [{"name": e.key, "share": getattr(e, key) / 1e6 / wall, "calls_per_step": e.count / steps,
-                    "us_per_call": getattr(e, key) / max(1, e.count)} for e in events[:top]]
-            data[f"batch {batch}, {mode}"] = figures = {"ms_per_step": 1e3 * wall / steps, "in_operators": inside,
-                                                        "calls_per_step": sum(e.count for e in events) / steps,
-                                                        "top": ops}
-            rows = [[o["name"][:60], f"{100 * o['share']:.1f}%", f"{o['calls_per_step']:.0f}",
-                     f"{o['us_per_call']:.1f}"] for o in ops]
-            # above 100% inside, the self times overlapped (threads of their own): the shares do not add up
-            rows.append(["(GPU waiting for the host)" if on_gpu else "(outside every operator: Python, dispatch)",
-                         f"{100 * (1 - inside):.1f}%" + (" (overlap: not additive)" if inside > 1 else ""), "-", "-"])
-            text += table(f"6. Profile of a decoding step: gpt, batch {batch}, {mode}: {figures['ms_per_step']:.2f} ms "
-                          f"per step under the profiler, {figures['calls_per_step']:.0f} profiled calls per step "
-                          f"(nested ones included)", ["operator (self time)", "of wall time", "calls per step",
-                                                      "us per call"], rows)
+    generator = torch.Generator(device=device).manual_seed(0)
+    ids = torch.randint(0, 60, (1, size["block_size"]), device=device, generator=generator)
+    data = profile_decoding(model, ids, device, lambda: autocast_for(device, size["dtype"]), compiled_rows)
     results["profile"] = data
+    outside = "(GPU waiting for the host)" if device.startswith("cuda") else "(outside every operator: Python, dispatch)"
+    text = ""
+    for case, figures in data.items():
+        rows = [[o["name"][:60], f"{100 * o['share']:.1f}%", f"{o['calls_per_step']:.0f}", f"{o['us_per_call']:.1f}"]
+                for o in figures["top"]]
+        inside = figures["in_operators"]  # above 100%, self times overlapped (threads of their own): not additive
+        rows.append([outside, f"{100 * (1 - inside):.1f}%" + (" (overlap: not additive)" if inside > 1 else ""),
+                     "-", "-"])
+        text += table(f"6. Profile of a decoding step: gpt, {case}: {figures['ms_per_step']:.2f} ms per step under "
+                      f"the profiler, {figures['calls_per_step']:.0f} profiled calls per step (nested ones included)",
+                      ["operator (self time)", "of wall time", "calls per step", "us per call"], rows)
     return text
 
 

@@ -1,0 +1,118 @@
+"""
+Two looks at a cached decoding step from outside the chapter's code: how fast our sampler is next to another
+implementation of the same model, and where a step's time goes. bench.py's sections 4d and 6 print them.
+
+    against_hugging_face(config, prompt, new, ...)    tokens/s of kvcache.generate and of transformers' generate
+                                                       on one GPT-2-layout model, and whether both wrote the same
+                                                       greedy tokens (None where transformers is not installed)
+    profile_decoding(model, ids, ...)                  torch.profiler around cached gpt steps at batch 1 and 32,
+                                                       eager and compiled: operators by their own time, and what
+                                                       is left of the wall time
+
+Every timing as in bench.py: warm-up first, the device synchronised before the clock is read, medians. What the
+profile showed on the machines measured so far is written in docs/speed.md.
+"""
+import os
+from contextlib import nullcontext
+
+import torch
+
+import kvcache
+from infra.progress import Progress
+from infra.timing import median_time, time_once
+
+
+# ----------------------------------------------------------------------------- against transformers' generate
+
+def against_hugging_face(config, prompt, new, device, repeats, autocast=nullcontext, compiled=True):
+    """Our cached greedy decoding against Hugging Face transformers' `generate` on the same model: a GPT-2 built by
+    transformers from `config` (n_layer, n_head, n_embd, block_size, vocab; random weights, GPT-2's own layout:
+    biases, tied head), the same weights loaded into our Transformer (infra/pretrained.py). Batch 1, the same
+    prompt and number of tokens. Returns {"transformers": version, "new_tokens", "samplers": {name: {"tokens_per_s"}},
+    "same_tokens": {name: bool}, "reference": the transformers row's name}, or None without transformers."""
+    try:
+        import transformers
+    except ImportError:
+        return None
+    from infra.pretrained import build as build_published
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    theirs = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=config["vocab"], n_positions=config["block_size"], n_embd=config["n_embd"],
+        n_layer=config["n_layer"], n_head=config["n_head"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        bos_token_id=None, eos_token_id=None, pad_token_id=0)).to(device).eval()
+    ours, _ = build_published(theirs.config, theirs.state_dict(), "transformers' GPT2LMHeadModel", device)
+    reference = "transformers generate (use_cache=True, greedy)"
+    samplers = {"ours, KV cache (kvcache.generate)": lambda: kvcache.generate(ours, prompt, new, temperature=0),
+                reference: lambda: theirs.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
+                                                   min_new_tokens=new, do_sample=False, use_cache=True)}
+    if compiled:
+        samplers["ours, KV cache, compiled step"] = lambda: kvcache.generate(ours, prompt, new, temperature=0,
+                                                                             compiled=True)
+    speeds, tokens = {}, {}
+    torch._dynamo.reset()  # a new model: graphs of its own
+    with torch.no_grad():
+        for name, sample in samplers.items():
+            # the tokens in float32 (in bfloat16 the two implementations' roundings could flip a near-tie of
+            # random weights), also the warm-up and the compilation; then the timing in the benchmark's dtype
+            tokens[name] = sample()[0, prompt.size(1):].tolist()
+            with autocast():
+                sample()
+                speeds[name] = {"tokens_per_s": new / median_time(sample, device, repeats, warmup=0)}
+    if any(len(written) != new for written in tokens.values()):
+        raise RuntimeError(f"a sampler did not write {new} tokens: {[len(t) for t in tokens.values()]}")
+    return {"transformers": transformers.__version__, "new_tokens": new, "samplers": speeds, "reference": reference,
+            "same_tokens": {name: tokens[name] == tokens[reference] for name in tokens}}
+
+
+# ----------------------------------------------------------------------------- where a step's time goes
+
+def profile_decoding(model, ids, device, autocast=nullcontext, compiled=True, steps=32, top=8):
+    """torch.profiler around `steps` cached steps of `model` at the middle of the context of `ids` (1, T) (the cache
+    rewound before each, as bench.py's 4a does), at batch 1 and 32, eager and compiled. For each case:
+    {"ms_per_step", "in_operators": share of the wall time inside operators, "calls_per_step", "top": the `top`
+    operators by self time, each {"name", "share", "calls_per_step", "us_per_call"}}.
+
+    On the CPU self time is the host's; on a GPU it is the time of each operator's kernels, and what is left of the
+    wall time is time the GPU waits for the host. Compiled, the top rows include the compiled region's wrappers
+    (guards, the graph call): their self time is overhead around the kernels. The profiler adds a few microseconds
+    per operator, so the shares are what to read; the speeds are bench.py's (4c)."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # the profiler's library would print two lines per profile
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    on_gpu = str(device).startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    key = "self_device_time_total" if on_gpu else "self_cpu_time_total"  # microseconds
+    T = ids.size(1)
+    modes = (("eager", kvcache.decode_step),) + ((("compiled", kvcache.compiled_decode_step()),) if compiled else ())
+    cases = [(batch, mode, step) for batch in (1, 32) for mode, step in modes]
+    data = {}
+    progress = Progress("[bench] decoding profile", len(cases))
+    torch._dynamo.reset()
+    with torch.inference_mode(), autocast():
+        for done, (batch, mode, step) in enumerate(cases):
+            progress.update(done)
+            cache = kvcache.KVCache(model, batch, T)
+            kvcache.prefill(model, ids[:, :T // 2].expand(batch, -1), cache)
+            token, start = ids[:, T // 2:T // 2 + 1].expand(batch, -1), cache.length
+
+            def decode():
+                for _ in range(steps):
+                    cache.length = start
+                    step(model, token, cache)
+
+            for _ in range(3):  # warm-up (and, compiled, the compilation)
+                decode()
+            with profile(activities=activities) as prof:
+                wall = time_once(decode, device)  # the wall time of the same steps, profiled
+            # the host's operators only: on a GPU each also carries its kernels' time, which the profiler lists a
+            # second time as kernel events (counting both would count every kernel twice)
+            events = sorted((e for e in prof.key_averages() if e.device_type == DeviceType.CPU and getattr(e, key)),
+                            key=lambda e: getattr(e, key), reverse=True)
+            data[f"batch {batch}, {mode}"] = {
+                "ms_per_step": 1e3 * wall / steps,
+                "in_operators": sum(getattr(e, key) for e in events) / 1e6 / wall,
+                "calls_per_step": sum(e.count for e in events) / steps,
+                "top": [{"name": e.key, "share": getattr(e, key) / 1e6 / wall, "calls_per_step": e.count / steps,
+                         "us_per_call": getattr(e, key) / max(1, e.count)} for e in events[:top]]}
+    return data
