@@ -7,6 +7,8 @@ tagging.py, epochs.py and finetune.py build on it.
                                        iterations of the gpt of scale s (forward + backward, t5's two stacks
                                        counted), each with a learning rate that decays over its own share
     train_and_evaluate_seeds(...)      that, for each seed, followed by the experiment's own evaluation
+    train_in_processes(runs, jobs)     train_all's runs in `jobs` processes at once (--jobs=2 on 2 cores: about
+                                       half the wall time), each on its share of the threads
     resolve_experiment(...)            overrides, scale (--quick wins), device, result files checked writable
 
 Why equal FLOPs and not equal iterations: an iteration of bert reads 15% of its positions and one of t5 runs two
@@ -19,8 +21,11 @@ if __name__ == "__main__":  # beside the commands, but not one: one line, not an
              "experiments/README.md lists the commands")
 
 import json
+import multiprocessing
 import os
+import queue
 import time
+import traceback
 
 import torch
 
@@ -29,7 +34,7 @@ import train
 from infra.checkpoint import load_model
 from infra.configurator import UserError, apply_overrides, output_folder, pick_device
 from infra.dataset import fingerprint, load_dataset
-from infra.progress import StopSignals, check_writable, format_duration, format_flops, write_atomically
+from infra.progress import Progress, StopSignals, check_writable, format_duration, format_flops, write_atomically
 from infra.train_config import model_config
 from model import ModelConfig, Transformer
 
@@ -39,6 +44,10 @@ def resolve_experiment(defaults, scales, name, extensions=(".md", ".json", ".png
     files (out_dir/<name>-<scale><extension>) checked writable before any work."""
     config = apply_overrides(defaults, sys.argv[1:])
     config["out_dir"] = output_folder(config, defaults)
+    if "jobs" in config and (isinstance(config["jobs"], bool) or not isinstance(config["jobs"], int)
+                             or config["jobs"] < 1):
+        raise UserError(f"--jobs={config['jobs']}: how many runs train at once, a whole number >= 1 (the cores the "
+                        f"machine has: {os.cpu_count()})")
     scale = "quick" if config["quick"] else config["scale"]
     if scale not in scales or (scale == "quick" and not config["quick"]):  # quick output goes to out-quick/ only
         raise UserError(f"unknown --scale={scale}: {', '.join(k for k in scales if k != 'quick')} (or --quick)")
@@ -48,17 +57,29 @@ def resolve_experiment(defaults, scales, name, extensions=(".md", ".json", ".png
 
 def train_and_evaluate_seeds(label, models, s, dataset, work, device, meta, config, evaluate):
     """The seed loop of the small experiments: for each of s["seeds"] seeds (config["seed"] + k), train `models` to
-    equal FLOPs (checkpoints in work/seed<seed>-<name>) and evaluate({name: summary}) them. A stop while training
-    or evaluating ends the loop, keeping the seeds finished. Returns (runs, budget, interrupted), runs a list of
-    {"seed": seed, "models": evaluate's result}."""
+    equal FLOPs (checkpoints in work/seed<seed>-<name>) and evaluate({name: summary}) them. config["jobs"] > 1:
+    every seed's runs train first, that many at a time (train_in_processes), and the loop loads them. A stop while
+    training or evaluating ends the loop, keeping the seeds finished. Returns (runs, budget, interrupted), runs a
+    list of {"seed": seed, "models": evaluate's result}."""
     runs, budget, t0 = [], None, time.perf_counter()
     seeds = [config["seed"] + k for k in range(s["seeds"])]
+    reuse, fresh = config["reuse"], None
+    if config.get("jobs", 1) > 1:
+        fresh = train_in_processes([(model, (s, dataset, os.path.join(work, f"seed{seed}"), device, meta, seed,
+                                             config["quiet"]), reuse) for seed in seeds for model in models],
+                                   config["jobs"], label)
+        if fresh is None:
+            return runs, flops_budget(s, meta), True
+        reuse = True  # every run is finished now: the loop below loads them
     for number, seed in enumerate(seeds):
         print(f"[{label}] seed {number + 1}/{len(seeds)}, {format_duration(time.perf_counter() - t0)} so far", flush=True)
         trained, budget = train_all(models, s, dataset, os.path.join(work, f"seed{seed}"), device, meta, seed,
-                                    config["quiet"], reuse=config["reuse"])
+                                    config["quiet"], reuse=reuse)
         if trained is None:
             return runs, budget, True
+        if fresh is not None:  # trained by this command's processes, not reused from an earlier one
+            for name in trained:
+                trained[name]["reused"] = (name, seed) not in fresh
         try:
             with StopSignals(immediate=True):
                 runs.append({"seed": seed, "models": evaluate(trained)})
@@ -69,7 +90,7 @@ def train_and_evaluate_seeds(label, models, s, dataset, work, device, meta, conf
 
 
 def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=False, divergence_is_a_result=False,
-              again="--reuse=True goes on from the finished runs"):
+              again="--reuse=True goes on from the finished runs", jobs=1):
     """Train each (name, arch, objective, extra settings) of `models` on `dataset` to the same training FLOPs:
     s["gpt_iters"] iterations of the gpt of shape s (times extra["budget_fraction"], if given). Checkpoints go to
     <checkpoints>-<name> unless extra names an out_dir; extra may also set learning_rate, min_lr and seed.
@@ -78,7 +99,18 @@ def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=
     divergence_is_a_result=True (a learning-rate sweep): a run whose loss stops being finite is recorded as
     {"diverged": why, "val_loss": None} and the others go on; otherwise it ends the study with one line.
     again: how the caller's command goes on after an interruption, for the message.
+    jobs > 1: the runs train first in that many processes at once (train_in_processes), then load as reused ones.
     Returns ({name: train.train's summary + seconds and objective}, budget), or (None, budget) if interrupted."""
+    if jobs > 1 and len(models) > 1:
+        fresh = train_in_processes([(model, (s, dataset, checkpoints, device, meta, seed, quiet), reuse)
+                                    for model in models], jobs, "train at equal FLOPs", again)
+        if fresh is None:
+            return None, flops_budget(s, meta)
+        trained, budget = train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, True,
+                                    divergence_is_a_result, again)
+        for name in trained or {}:  # trained by this command's processes, not reused from an earlier one
+            trained[name]["reused"] = (name, seed) not in fresh
+        return trained, budget
     budget = flops_budget(s, meta)
     fractions = [m[3].get("budget_fraction", 1.0) for m in models]  # a run costs its share of the budget
     trained, started, units_done = {}, time.perf_counter(), 0.0
@@ -103,7 +135,7 @@ def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=
             if done["settings"] == json.loads(json.dumps(settings)):
                 result = dict(done["summary"], model=load_model(os.path.join(run_config["out_dir"], "ckpt.pt"),
                                                                 device)[0], meta=meta, reused=True)
-                print(f"reused {name}: finished earlier with the same settings ({run_config['out_dir']})", flush=True)
+                print(f"reused {name}: finished with the same settings ({run_config['out_dir']})", flush=True)
                 trained[name] = result  # the time left is estimated from the runs trained now only
                 continue
         if os.path.exists(record):
@@ -134,6 +166,74 @@ def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=
         trained[name] = result
         units_done += fraction
     return trained, budget
+
+
+def train_in_processes(runs, jobs, label, again="--reuse=True goes on from them"):
+    """Train `runs`, each (model, train_all's arguments after `models`: (s, dataset, checkpoints, device, meta, seed,
+    quiet), reuse), in processes of their own, `jobs` at a time, each with its share of the threads; a train_all
+    with reuse=True then loads them. Returns the {(name, seed)} trained now (not reused), or None if stopped:
+    Ctrl-C or SIGTERM stops every process as train.py stops (what finished is kept for --reuse=True). The processes
+    print nothing: this one prints the progress. A run that diverges is left to the train_all that follows."""
+    context = multiprocessing.get_context("spawn")  # not fork: a forked OpenMP runtime can hang
+    threads = max(1, torch.get_num_threads() // jobs)
+    reports = context.Queue()
+    waiting, running, fresh, failed = list(runs), {}, set(), None
+    progress = Progress(f"[{label}] training runs finished:", len(runs))
+    print(f"[{label}] {len(runs)} training runs, {jobs} processes of {threads} thread(s)", flush=True)
+    try:
+        with StopSignals(f"stopping the {jobs} training processes (each saves its checkpoint)") as stop:
+            while running or (waiting and not stop and failed is None):
+                while waiting and len(running) < jobs and not stop and failed is None:
+                    model, arguments, reuse = waiting.pop(0)
+                    process = context.Process(target=train_one, args=(model, arguments, reuse, threads, reports))
+                    process.start()
+                    running[(model[0], arguments[5])] = process
+                try:
+                    key, outcome = reports.get(timeout=1)
+                    running.pop(key).join()  # (a process that reported is in `running` until here)
+                    if outcome == "trained":
+                        fresh.add(key)
+                    elif outcome not in ("reused", "diverged", "stopped") and failed is None:
+                        failed = f"{key[0]} (seed {key[1]}): {outcome}"
+                except queue.Empty:  # a process that ended without a word (killed from outside, out of memory); one
+                    for key, process in list(running.items()):  # that reported has its word in the queue already
+                        if process.exitcode is not None and reports.empty():
+                            running.pop(key)
+                            if not stop and failed is None:
+                                failed = f"{key[0]} (seed {key[1]}): its process ended with status {process.exitcode}"
+                if stop or failed:
+                    for process in running.values():
+                        if process.exitcode is None and not getattr(process, "asked_to_stop", False):
+                            process.asked_to_stop = True
+                            process.terminate()  # SIGTERM: train.py saves its checkpoint and returns
+                progress.update(len(runs) - len(waiting) - len(running))
+    finally:  # a second Ctrl-C (quit at once) or an error here: no process is left behind
+        for process in running.values():
+            process.kill()
+    if failed:
+        raise UserError(f"training {failed}")
+    if stop:
+        print(f"interrupted: {len(fresh)} runs trained, their checkpoints kept ({again})", flush=True)
+        return None
+    return fresh
+
+
+def train_one(model, arguments, reuse, threads, reports):
+    """One run of train_in_processes, in a process of its own: what train_all made of it, as one word, or the
+    error."""
+    os.setsid()  # a group of its own: a Ctrl-C reaches the parent, which stops each process once
+    torch.set_num_threads(threads)
+    sys.stdout = open(os.devnull, "w")  # the parent prints the progress
+    try:
+        trained, _ = train_all([model], *arguments, reuse=reuse, divergence_is_a_result=True)
+        result = None if trained is None else trained[model[0]]
+        outcome = "stopped" if result is None else "diverged" if "diverged" in result else \
+            "reused" if result.get("reused") else "trained"
+    except UserError as e:
+        outcome = str(e)
+    except BaseException:  # noqa: B902  (the parent says it in one line and stops)
+        outcome = traceback.format_exc(limit=-3).strip().splitlines()[-1]
+    reports.put(((model[0], arguments[5]), outcome))
 
 
 def equal_flops_config(model, fraction, s, dataset, checkpoints, device, meta, seed, quiet, budget):

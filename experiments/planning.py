@@ -53,6 +53,7 @@ from kvcache import UNMASK_ORDERS
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", out_dir="results/structural", seed=1337, quiet=True,
                 reuse=False,  # True: load the runs finished earlier with the same settings
+                jobs=1,  # how many runs train at once (processes; 2 on 2 cores: about half the time)
                 models="all", budget=1.0)  # some models only (comma-separated), at a multiple of the FLOPs budget
 SCALES = {  # model size and budget (gpt iterations); graphs: degree d, path length l (nodes), nodes to draw from
     "cpu": dict(n_layer=2, n_head=4, n_embd=64, block_size=96, batch_size=12, gpt_iters=4000, eval_iters=10,

@@ -193,7 +193,9 @@ def write_seeds(result, config, scale, device, seeds_trained, started, extra, re
     runs, budget, interrupted = seeds_trained
     if not runs:
         raise KeyboardInterrupt  # run_main says what is kept
-    data = dict({"scale": scale, "machine": machine_name(device), "seeds": [run["seed"] for run in runs],
+    jobs = config.get("jobs", 1)  # the threads machine_name counts are this process's; each training one had its share
+    machine = machine_name(device) + (f", training {jobs} runs at once (processes)" if jobs > 1 else "")
+    data = dict({"scale": scale, "machine": machine, "seeds": [run["seed"] for run in runs],
                  "runs": runs, "interrupted": interrupted, "budget_flops": budget,
                  "seconds": time.perf_counter() - started}, **extra)
     write_results(config["out_dir"], result, data, report(data))

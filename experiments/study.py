@@ -60,7 +60,8 @@ from model import IGNORE_INDEX, ModelConfig, Transformer
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/study",
                 seed=1337, quiet=False,  # quiet=True: no training log lines (only the study's own)
-                reuse=False)  # True: load runs finished earlier with the same settings instead of retraining them
+                reuse=False,  # True: load runs finished earlier with the same settings instead of retraining them
+                jobs=1)  # how many runs train at once (processes; 2 on 2 cores: about half the time)
 
 SCALES = {  # model size and the FLOPs budget, expressed as gpt iterations
     "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, gpt_iters=2000, eval_windows=64,
@@ -387,7 +388,8 @@ def study_run(model, learning_rate, seed, out_dir, fraction=1.0):
 def train_runs(runs, s, config, device, meta, divergence_is_a_result=False):
     """train_all over {key: study_run(...)}; returns {key: summary}, or None when interrupted."""
     trained, _ = train_all(list(runs.values()), s, config["dataset"], "", device, meta, config["seed"],
-                           config["quiet"], reuse=config["reuse"], divergence_is_a_result=divergence_is_a_result)
+                           config["quiet"], reuse=config["reuse"], divergence_is_a_result=divergence_is_a_result,
+                           jobs=config["jobs"])
     return None if trained is None else {key: trained[run[0]] for key, run in runs.items()}
 
 

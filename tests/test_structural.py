@@ -303,6 +303,69 @@ def test_some_models_at_a_larger_budget_are_a_result_of_their_own(name, tmp_path
     assert not (tmp_path / "other").exists()  # nothing written, not even the folder
 
 
+def test_runs_trained_in_processes_are_the_runs_one_process_trains(tmp_path):
+    """--jobs=2 trains the runs in two processes, then loads and evaluates them as one process would: the same
+    models (the same validation loss), counted as trained by this command, not reused. A bad --jobs is one line."""
+    results = {}
+    for jobs in (1, 2):
+        result = run_script("experiments/planning.py", "--quick", f"--out_dir={tmp_path / str(jobs)}",
+                            "--models=gpt,bert", f"--jobs={jobs}")
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert ("2 training runs, 2 processes" in result.stdout) == (jobs == 2)
+        results[jobs] = json.loads((tmp_path / str(jobs) / "planning-quick-gpt-bert.json").read_text())
+    for name, one in results[1]["runs"][0]["models"].items():
+        two = results[2]["runs"][0]["models"][name]
+        assert two["val_loss"] == pytest.approx(one["val_loss"], rel=1e-4) and two["flops"] == one["flops"], name
+        assert not two["reused"], name
+    assert "training 2 runs at once" in results[2]["machine"]
+    refused = run_script("experiments/planning.py", "--quick", f"--out_dir={tmp_path / 'other'}", "--jobs=0")
+    assert refused.returncode == 2 and "--jobs=0" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def spawned_processes():
+    """The pids of multiprocessing's spawned children on this machine (their command line names spawn_main)."""
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"spawn_main" in f.read():
+                    found.add(int(pid))
+        except OSError:  # ended meanwhile
+            pass
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="counts processes in /proc")
+def test_a_stop_while_processes_train_stops_them_all_and_keeps_what_finished(tmp_path):
+    """SIGTERM while --jobs=2 trains: every training process stops (none is left running), the command ends with
+    one line and status 130, and a checkpoint of the runs under way is kept for --reuse=True."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from conftest import ROOT
+    before = spawned_processes()
+    process = subprocess.Popen([sys.executable, os.path.join(ROOT, "experiments/reversal.py"), "--quick",
+                                f"--out_dir={tmp_path}", "--jobs=2", "--budget=300"], cwd=ROOT, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for line in process.stdout:
+        if "training runs, 2 processes" in line:
+            break
+    deadline = time.time() + 120  # until the first run finished (a checkpoint is written at the end, or at a stop)
+    while time.time() < deadline and not list(tmp_path.glob("checkpoints/*/seed*/ckpt.pt")):
+        time.sleep(0.5)
+    time.sleep(10)  # the next runs are under way (a run here takes ~30 s on 2 cores)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130 and "Traceback" not in stderr, stderr[-2000:]
+    assert "--reuse=True" in stderr
+    time.sleep(1)
+    assert spawned_processes() <= before  # no training process outlived the command
+    saved = list(tmp_path.glob("checkpoints/*/seed*/ckpt.pt"))
+    finished = list(tmp_path.glob("checkpoints/*/seed*/study_run.json"))
+    assert len(finished) < len(saved) < 7  # a run was stopped mid-way (saved, not finished), and not all ran
+
+
 def test_a_synthetic_dataset_written_the_same_again_is_left_alone(tmp_path, monkeypatch):
     """Two runs of one experiment share its dataset folder: the second must not rewrite what the first is reading
     (a running run refuses data that changed under it), unless the text or the split really differs."""
