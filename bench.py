@@ -15,9 +15,9 @@ Sections (one markdown table each; the same figures go to a JSON file, and PNG p
                   Hugging Face transformers' generate on the same model (where transformers is installed)
   (--compile=False skips the compiled rows of sections 2, 3 and 4, and their compile time)
   5. prefix       16 requests sharing a long prompt: one shared prefill vs 16 separate ones (claim D4)
-  6. profile      where a cached decoding step's time goes: torch.profiler's operators by self time, gpt at
-                  batch 1 and 32, eager and compiled
-(4d and 6 measure with infra/decoding_diagnostics.py; this file prints their tables)
+  6. profile      where a step's time goes: torch.profiler's operators by self time, a cached gpt decoding step
+                  at batch 1 and 32 and a gpt training step, eager and compiled
+(4d and 6 measure with infra/speed_diagnostics.py; this file prints their tables)
 Every timing: warm-up first, device synchronisation before reading the clock, median of repeats, random inputs.
 """
 import atexit
@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from infra.configurator import (QUICK_NOTE, QUICK_OUTPUT, UserError, apply_overrides, check_compiler, pick_device,
                                 run_main)
-from infra.decoding_diagnostics import against_hugging_face, profile_decoding
+from infra.speed_diagnostics import against_hugging_face, profile_decoding, profile_steps
 from infra.progress import Progress, StopSignals, check_writable, format_duration, write_atomically
 from infra.timing import copy_bandwidth, machine_name, matmul_flops_per_second, median_time, mfu_text, time_once
 
@@ -109,6 +109,29 @@ def bench_ceilings(device, size, repeats, results):
                   ["device copy bandwidth", f"{bandwidth / 1e9:.1f} GB/s"]])
 
 
+def training_step(arch, size, device, specials):
+    """One arch's training step at the benchmark's size, on a fixed batch of its default objective: (model,
+    step(module): forward, backward and the optimizer's step through `module` (the model or its compiled form),
+    the batch)."""
+    import objectives
+    model = build(arch, size, device)
+    optimizer = model.configure_optimizer(0.1, 1e-4, (0.9, 0.95), "cuda" if device.startswith("cuda") else device)
+    generator = torch.Generator().manual_seed(0)
+    windows = torch.randint(0, specials.num_ordinary, (size["batch"], size["block_size"] + 1), generator=generator)
+    objective = objectives.OBJECTIVES_FOR_ARCH[arch][0]
+    batch = objectives.batch_for({"objective": objective, "arch": arch}, windows, specials, generator)
+    inputs = batch.to(device).model_inputs()
+
+    def step(module):
+        with autocast_for(device, size["dtype"]):
+            _, loss = module(**inputs)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return model, step, batch
+
+
 def bench_training(device, size, repeats, results, compiled_rows=True):
     import objectives
     specials = synthetic_specials(size["vocab"])
@@ -117,23 +140,10 @@ def bench_training(device, size, repeats, results, compiled_rows=True):
     progress = Progress("[bench] training", 4)
     for done, arch in enumerate(("gpt", "bert", "prefixlm", "t5")):
         progress.update(done)
-        model = build(arch, size, device)
-        optimizer = model.configure_optimizer(0.1, 1e-4, (0.9, 0.95), "cuda" if device.startswith("cuda") else device)
-        generator = torch.Generator().manual_seed(0)
-        windows = torch.randint(0, specials.num_ordinary, (size["batch"], size["block_size"] + 1), generator=generator)
+        model, step, batch = training_step(arch, size, device, specials)
         objective = objectives.OBJECTIVES_FOR_ARCH[arch][0]
-        batch = objectives.batch_for({"objective": objective, "arch": arch}, windows, specials, generator)
         flops = model.training_flops(batch)
         supervised, processed = batch.supervised_positions(), batch.processed_positions()
-        batch = batch.to(device)
-
-        def step(module):
-            with autocast_for(device, size["dtype"]):
-                _, loss = module(**batch.model_inputs())
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-
         seconds = median_time(lambda: step(model), device, repeats)
         data[arch] = {"objective": objective, "ms_per_step": seconds * 1e3, "tokens_per_s": processed / seconds,
                       "supervised_per_s": supervised / seconds, "mfu": flops / seconds / peak,
@@ -345,7 +355,7 @@ def bench_decoding(device, size, repeats, results, compiled_rows=True):
 
 def bench_hugging_face(device, size, repeats, results, prompt, new, compiled_rows):
     """4d: our cached greedy decoding against Hugging Face transformers' `generate` on the same GPT-2-layout model
-    (their random weights loaded into our modules), batch 1 (infra/decoding_diagnostics.py). The two must write the
+    (their random weights loaded into our modules), batch 1 (infra/speed_diagnostics.py). The two must write the
     same tokens (greedy), else the row says so. Skipped where transformers is not installed."""
     data = against_hugging_face(size, prompt, new, device, max(1, repeats // 2),
                                 lambda: autocast_for(device, size["dtype"]), compiled_rows)
@@ -474,13 +484,18 @@ def bench_prefix(device, size, repeats, results):
 
 
 def bench_profile(device, size, repeats, results, compiled_rows=True):
-    """6: where a decoding step's time goes: torch.profiler around 32 cached gpt steps at the middle of the context,
-    batch 1 and 32, eager and compiled, the operators by their own time (infra/decoding_diagnostics.py; what it
-    showed: docs/speed.md)."""
+    """6: where a step's time goes (infra/speed_diagnostics.py; what it showed: docs/speed.md): torch.profiler
+    around 32 cached gpt decoding steps at the middle of the context, batch 1 and 32, and around 3 gpt training
+    steps (bench_training's), eager and compiled; the operators by their own time."""
     model = build("gpt", size, device).eval()
     generator = torch.Generator(device=device).manual_seed(0)
     ids = torch.randint(0, 60, (1, size["block_size"]), device=device, generator=generator)
-    data = profile_decoding(model, ids, device, lambda: autocast_for(device, size["dtype"]), compiled_rows)
+    data = {f"decoding, {case}": figures for case, figures in
+            profile_decoding(model, ids, device, lambda: autocast_for(device, size["dtype"]), compiled_rows).items()}
+    model, step, _ = training_step("gpt", size, device, synthetic_specials(size["vocab"]))
+    torch._dynamo.reset()  # graphs of its own (as in 2), compiled in the warm-up
+    for mode, module in (("eager", model),) + ((("compiled", torch.compile(model)),) if compiled_rows else ()):
+        data[f"training, {mode}"] = profile_steps(lambda: step(module), device, steps=3)
     results["profile"] = data
     outside = "(GPU waiting for the host)" if device.startswith("cuda") else "(outside every operator: Python, dispatch)"
     text = ""
@@ -490,9 +505,10 @@ def bench_profile(device, size, repeats, results, compiled_rows=True):
         inside = figures["in_operators"]  # above 100%, self times overlapped (threads of their own): not additive
         rows.append([outside, f"{100 * (1 - inside):.1f}%" + (" (overlap: not additive)" if inside > 1 else ""),
                      "-", "-"])
-        text += table(f"6. Profile of a decoding step: gpt, {case}: {figures['ms_per_step']:.2f} ms per step under "
-                      f"the profiler, {figures['calls_per_step']:.0f} profiled calls per step (nested ones included)",
-                      ["operator (self time)", "of wall time", "calls per step", "us per call"], rows)
+        what, batch_and_mode = case.split(", ", 1)
+        text += table(f"6. Profile of a {what} step: gpt, {batch_and_mode}: {figures['ms_per_step']:.2f} ms per step "
+                      f"under the profiler, {figures['calls_per_step']:.0f} profiled calls per step (nested ones "
+                      f"included)", ["operator (self time)", "of wall time", "calls per step", "us per call"], rows)
     return text
 
 

@@ -172,10 +172,11 @@ def test_bench_quick_runs_every_section(tmp_path):
     results = json.loads(out.read_text())
     for section in ("ceilings", "training", "attention", "decoding", "prefix", "profile"):
         assert section in results
-    for case in ("batch 1, eager", "batch 32, eager", "batch 1, compiled", "batch 32, compiled"):
+    for case in ("decoding, batch 1, eager", "decoding, batch 32, eager", "decoding, batch 1, compiled",
+                 "decoding, batch 32, compiled", "training, eager", "training, compiled"):
         profiled = results["profile"][case]  # one thread's operators: their self times are a part of the wall time
         assert 0 < profiled["in_operators"] <= 1.0 and profiled["calls_per_step"] >= 1, case
-    assert any(o["name"] in ("aten::mm", "aten::addmm") for o in results["profile"]["batch 32, eager"]["top"])
+    assert any(o["name"] in ("aten::mm", "aten::addmm") for o in results["profile"]["decoding, batch 32, eager"]["top"])
     assert set(results["training"]) >= {"gpt", "bert", "prefixlm", "t5"}
     assert (tmp_path / "bench.md").exists() and "### 5." in result.stdout
     # the compiled rows ran (the GPU recipe's paths, on the CPU): training, FlexAttention, decoding

@@ -1,16 +1,18 @@
 """
-Two looks at a cached decoding step from outside the chapter's code: how fast our sampler is next to another
-implementation of the same model, and where a step's time goes. bench.py's sections 4d and 6 print them.
+Looks at a step's speed from outside the chapter's code: how fast our cached decoding is next to another
+implementation of the same model, and where a decoding or training step's time goes. bench.py's sections 4d and 6
+print them.
 
     against_hugging_face(config, prompt, new, ...)    tokens/s of kvcache.generate and of transformers' generate
                                                        on one GPT-2-layout model, and whether both wrote the same
                                                        greedy tokens (None where transformers is not installed)
-    profile_decoding(model, ids, ...)                  torch.profiler around cached gpt steps at batch 1 and 32,
-                                                       eager and compiled: operators by their own time, and what
-                                                       is left of the wall time
+    profile_steps(step, device)                        torch.profiler around a few calls of step(): the operators
+                                                       by their own time, and what is left of the wall time
+    profile_decoding(model, ids, ...)                  that, for cached gpt steps at batch 1 and 32, eager and
+                                                       compiled
 
 Every timing as in bench.py: warm-up first, the device synchronised before the clock is read, medians. What the
-profile showed on the machines measured so far is written in docs/speed.md.
+profiles showed on the machines measured so far is written in docs/speed.md.
 """
 import os
 from contextlib import nullcontext
@@ -67,22 +69,43 @@ def against_hugging_face(config, prompt, new, device, repeats, autocast=nullcont
 
 # ----------------------------------------------------------------------------- where a step's time goes
 
-def profile_decoding(model, ids, device, autocast=nullcontext, compiled=True, steps=32, top=8):
-    """torch.profiler around `steps` cached steps of `model` at the middle of the context of `ids` (1, T) (the cache
-    rewound before each, as bench.py's 4a does), at batch 1 and 32, eager and compiled. For each case:
-    {"ms_per_step", "in_operators": share of the wall time inside operators, "calls_per_step", "top": the `top`
-    operators by self time, each {"name", "share", "calls_per_step", "us_per_call"}}.
+def profile_steps(step, device, steps, top=8, warmup=2):
+    """torch.profiler around `steps` calls of step(), after `warmup` calls (and, for a compiled step, its
+    compilation): {"ms_per_step", "in_operators": the share of the wall time inside operators, "calls_per_step",
+    "top": the `top` operators by self time, each {"name", "share", "calls_per_step", "us_per_call"}}.
 
     On the CPU self time is the host's; on a GPU it is the time of each operator's kernels, and what is left of the
     wall time is time the GPU waits for the host. Compiled, the top rows include the compiled region's wrappers
     (guards, the graph call): their self time is overhead around the kernels. The profiler adds a few microseconds
-    per operator, so the shares are what to read; the speeds are bench.py's (4c)."""
+    per operator, so the shares are what to read; the speeds are bench.py's own rows."""
     os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # the profiler's library would print two lines per profile
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     on_gpu = str(device).startswith("cuda")
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
     key = "self_device_time_total" if on_gpu else "self_cpu_time_total"  # microseconds
+
+    def run():
+        for _ in range(steps):
+            step()
+
+    for _ in range(warmup):
+        step()
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])) as prof:
+        wall = time_once(run, device)  # the wall time of the same steps, profiled
+    # the host's operators only: on a GPU each also carries its kernels' time, which the profiler lists a second
+    # time as kernel events (counting both would count every kernel twice)
+    events = sorted((e for e in prof.key_averages() if e.device_type == DeviceType.CPU and getattr(e, key)),
+                    key=lambda e: getattr(e, key), reverse=True)
+    return {"ms_per_step": 1e3 * wall / steps,
+            "in_operators": sum(getattr(e, key) for e in events) / 1e6 / wall,
+            "calls_per_step": sum(e.count for e in events) / steps,
+            "top": [{"name": e.key, "share": getattr(e, key) / 1e6 / wall, "calls_per_step": e.count / steps,
+                     "us_per_call": getattr(e, key) / max(1, e.count)} for e in events[:top]]}
+
+
+def profile_decoding(model, ids, device, autocast=nullcontext, compiled=True, steps=32, top=8):
+    """profile_steps around `steps` cached steps of `model` at the middle of the context of `ids` (1, T) (the
+    cache rewound before each, as bench.py's 4a does), at batch 1 and 32, eager and compiled: {case: figures}."""
     T = ids.size(1)
     modes = (("eager", kvcache.decode_step),) + ((("compiled", kvcache.compiled_decode_step()),) if compiled else ())
     cases = [(batch, mode, step) for batch in (1, 32) for mode, step in modes]
@@ -96,23 +119,9 @@ def profile_decoding(model, ids, device, autocast=nullcontext, compiled=True, st
             kvcache.prefill(model, ids[:, :T // 2].expand(batch, -1), cache)
             token, start = ids[:, T // 2:T // 2 + 1].expand(batch, -1), cache.length
 
-            def decode():
-                for _ in range(steps):
-                    cache.length = start
-                    step(model, token, cache)
+            def decode_one(step=step, cache=cache, token=token, start=start):
+                cache.length = start
+                step(model, token, cache)
 
-            for _ in range(3):  # warm-up (and, compiled, the compilation)
-                decode()
-            with profile(activities=activities) as prof:
-                wall = time_once(decode, device)  # the wall time of the same steps, profiled
-            # the host's operators only: on a GPU each also carries its kernels' time, which the profiler lists a
-            # second time as kernel events (counting both would count every kernel twice)
-            events = sorted((e for e in prof.key_averages() if e.device_type == DeviceType.CPU and getattr(e, key)),
-                            key=lambda e: getattr(e, key), reverse=True)
-            data[f"batch {batch}, {mode}"] = {
-                "ms_per_step": 1e3 * wall / steps,
-                "in_operators": sum(getattr(e, key) for e in events) / 1e6 / wall,
-                "calls_per_step": sum(e.count for e in events) / steps,
-                "top": [{"name": e.key, "share": getattr(e, key) / 1e6 / wall, "calls_per_step": e.count / steps,
-                         "us_per_call": getattr(e, key) / max(1, e.count)} for e in events[:top]]}
+            data[f"batch {batch}, {mode}"] = profile_steps(decode_one, device, steps, top, warmup=3 * steps)
     return data
