@@ -491,7 +491,8 @@ def bench_profile(device, size, repeats, results, compiled_rows=True):
     generator = torch.Generator(device=device).manual_seed(0)
     ids = torch.randint(0, 60, (1, size["block_size"]), device=device, generator=generator)
     data = {f"decoding, {case}": figures for case, figures in
-            profile_decoding(model, ids, device, lambda: autocast_for(device, size["dtype"]), compiled_rows).items()}
+            profile_decoding(model, ids, device, lambda: autocast_for(device, size["dtype"]), compiled_rows,
+                             label="bench profile").items()}
     model, step, _ = training_step("gpt", size, device, synthetic_specials(size["vocab"]))
     torch._dynamo.reset()  # graphs of its own (as in 2), compiled in the warm-up
     for mode, module in (("eager", model),) + ((("compiled", torch.compile(model)),) if compiled_rows else ()):

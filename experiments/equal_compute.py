@@ -9,6 +9,7 @@ tagging.py, epochs.py and finetune.py build on it.
     train_and_evaluate_seeds(...)      that, for each seed, followed by the experiment's own evaluation
     train_in_processes(runs, jobs)     train_all's runs in `jobs` processes at once (--jobs=2 on 2 cores: about
                                        half the wall time), each on its share of the threads
+    machine_line(device, config)       the machine a result file names, and how its training runs shared it
     resolve_experiment(...)            overrides, scale (--quick wins), device, result files checked writable
 
 Why equal FLOPs and not equal iterations: an iteration of bert reads 15% of its positions and one of t5 runs two
@@ -20,10 +21,14 @@ if __name__ == "__main__":  # beside the commands, but not one: one line, not an
     sys.exit("equal_compute.py: a helper of every experiment, not a command: "
              "experiments/README.md lists the commands")
 
+import contextlib
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import queue
+import signal
+import threading
 import time
 import traceback
 
@@ -34,7 +39,8 @@ import train
 from infra.checkpoint import load_model
 from infra.configurator import UserError, apply_overrides, output_folder, pick_device
 from infra.dataset import fingerprint, load_dataset
-from infra.progress import Progress, StopSignals, check_writable, format_duration, format_flops, write_atomically
+from infra.progress import StopSignals, check_writable, format_duration, format_flops, write_atomically
+from infra.timing import machine_name
 from infra.train_config import model_config
 from model import ModelConfig, Transformer
 
@@ -55,42 +61,48 @@ def resolve_experiment(defaults, scales, name, extensions=(".md", ".json", ".png
     return config, scale, pick_device(config["device"])
 
 
+def machine_line(device, config):
+    """The machine a result file names (machine_name: this process's threads) and, with --jobs, how the training
+    runs shared it."""
+    jobs = config.get("jobs", 1)
+    return machine_name(device) + (f", {jobs} training runs at once (processes; each run's seconds measured beside "
+                                   f"the others')" if jobs > 1 else "")
+
+
 def train_and_evaluate_seeds(label, models, s, dataset, work, device, meta, config, evaluate):
     """The seed loop of the small experiments: for each of s["seeds"] seeds (config["seed"] + k), train `models` to
     equal FLOPs (checkpoints in work/seed<seed>-<name>) and evaluate({name: summary}) them. config["jobs"] > 1:
     every seed's runs train first, that many at a time (train_in_processes), and the loop loads them. A stop while
-    training or evaluating ends the loop, keeping the seeds finished. Returns (runs, budget, interrupted), runs a
-    list of {"seed": seed, "models": evaluate's result}."""
-    runs, budget, t0 = [], None, time.perf_counter()
+    training or evaluating ends the loop, keeping (and evaluating) the seeds whose runs all finished. Returns (runs,
+    budget, interrupted), runs a list of {"seed": seed, "models": evaluate's result}."""
+    runs, t0 = [], time.perf_counter()
     seeds = [config["seed"] + k for k in range(s["seeds"])]
-    reuse, fresh = config["reuse"], None
+    folders = {seed: os.path.join(work, f"seed{seed}") for seed in seeds}
+    outcomes, stopped = None, False
     if config.get("jobs", 1) > 1:
-        fresh = train_in_processes([(model, (s, dataset, os.path.join(work, f"seed{seed}"), device, meta, seed,
-                                             config["quiet"]), reuse) for seed in seeds for model in models],
-                                   config["jobs"], label)
-        if fresh is None:
-            return runs, flops_budget(s, meta), True
-        reuse = True  # every run is finished now: the loop below loads them
+        outcomes, stopped = train_in_processes(
+            {f"{model[0]}, seed {seed}": (model, (s, dataset, folders[seed], device, meta, seed, config["quiet"]),
+                                          config["reuse"]) for seed in seeds for model in models},
+            config["jobs"], label)
+        seeds = [seed for seed in seeds if all(f"{model[0]}, seed {seed}" in outcomes for model in models)]
     for number, seed in enumerate(seeds):
         print(f"[{label}] seed {number + 1}/{len(seeds)}, {format_duration(time.perf_counter() - t0)} so far", flush=True)
-        trained, budget = train_all(models, s, dataset, os.path.join(work, f"seed{seed}"), device, meta, seed,
-                                    config["quiet"], reuse=reuse)
+        trained, _ = train_all(models, s, dataset, folders[seed], device, meta, seed, config["quiet"],
+                               reuse=config["reuse"], outcomes=None if outcomes is None else
+                               {model[0]: outcomes[f"{model[0]}, seed {seed}"] for model in models})
         if trained is None:
-            return runs, budget, True
-        if fresh is not None:  # trained by this command's processes, not reused from an earlier one
-            for name in trained:
-                trained[name]["reused"] = (name, seed) not in fresh
+            return runs, flops_budget(s, meta), True
         try:
             with StopSignals(immediate=True):
                 runs.append({"seed": seed, "models": evaluate(trained)})
         except KeyboardInterrupt:
             print(f"interrupted while evaluating seed {seed}", flush=True)
-            return runs, budget, True
-    return runs, budget, False
+            return runs, flops_budget(s, meta), True
+    return runs, flops_budget(s, meta), stopped
 
 
 def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=False, divergence_is_a_result=False,
-              again="--reuse=True goes on from the finished runs", jobs=1):
+              again="--reuse=True goes on from the finished runs", jobs=1, outcomes=None):
     """Train each (name, arch, objective, extra settings) of `models` on `dataset` to the same training FLOPs:
     s["gpt_iters"] iterations of the gpt of shape s (times extra["budget_fraction"], if given). Checkpoints go to
     <checkpoints>-<name> unless extra names an out_dir; extra may also set learning_rate, min_lr and seed.
@@ -99,18 +111,16 @@ def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=
     divergence_is_a_result=True (a learning-rate sweep): a run whose loss stops being finite is recorded as
     {"diverged": why, "val_loss": None} and the others go on; otherwise it ends the study with one line.
     again: how the caller's command goes on after an interruption, for the message.
-    jobs > 1: the runs train first in that many processes at once (train_in_processes), then load as reused ones.
+    jobs > 1: the runs train first, that many at once, in processes of their own (train_in_processes); outcomes:
+    what such processes made of each run ({name: (trained | reused | diverged, why)}), loaded (or, diverged,
+    recorded) here without training anything.
     Returns ({name: train.train's summary + seconds and objective}, budget), or (None, budget) if interrupted."""
-    if jobs > 1 and len(models) > 1:
-        fresh = train_in_processes([(model, (s, dataset, checkpoints, device, meta, seed, quiet), reuse)
-                                    for model in models], jobs, "train at equal FLOPs", again)
-        if fresh is None:
+    if jobs > 1 and len(models) > 1 and outcomes is None:
+        outcomes, stopped = train_in_processes(
+            {model[0]: (model, (s, dataset, checkpoints, device, meta, seed, quiet), reuse) for model in models}, jobs,
+            "train at equal FLOPs", again)
+        if stopped:
             return None, flops_budget(s, meta)
-        trained, budget = train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, True,
-                                    divergence_is_a_result, again)
-        for name in trained or {}:  # trained by this command's processes, not reused from an earlier one
-            trained[name]["reused"] = (name, seed) not in fresh
-        return trained, budget
     budget = flops_budget(s, meta)
     fractions = [m[3].get("budget_fraction", 1.0) for m in models]  # a run costs its share of the budget
     trained, started, units_done = {}, time.perf_counter(), 0.0
@@ -129,13 +139,18 @@ def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=
             tokens[run_config["dataset"]] = fingerprint(load_dataset(run_config["dataset"], s["block_size"], True)[0])
         settings = dict({k: v for k, v in run_config.items() if k not in ("quiet", "overwrite")},
                         tokens=tokens[run_config["dataset"]])
-        if reuse and os.path.exists(record):
+        kind, why = outcomes[name] if outcomes is not None else (None, None)
+        if kind == "diverged":  # in a process of its own (train_in_processes)
+            trained[name] = diverged(name, why, divergence_is_a_result)
+            continue
+        if (reuse or kind) and os.path.exists(record):
             with open(record) as f:
                 done = json.load(f)
             if done["settings"] == json.loads(json.dumps(settings)):
                 result = dict(done["summary"], model=load_model(os.path.join(run_config["out_dir"], "ckpt.pt"),
-                                                                device)[0], meta=meta, reused=True)
-                print(f"reused {name}: finished with the same settings ({run_config['out_dir']})", flush=True)
+                                                                device)[0], meta=meta, reused=kind in (None, "reused"))
+                print(f"reused {name}: finished earlier with the same settings ({run_config['out_dir']})"
+                      if result["reused"] else f"loaded {name}: trained above, in a process of its own", flush=True)
                 trained[name] = result  # the time left is estimated from the runs trained now only
                 continue
         if os.path.exists(record):
@@ -144,11 +159,7 @@ def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=
         try:
             result = train.train(run_config)
         except train.TrainingDiverged as e:
-            if not divergence_is_a_result:
-                raise UserError(f"{name} diverged: {e} (lower that model's learning rate in the "
-                                f"experiment's settings; --reuse=True keeps the runs already finished)") from None
-            print(f"{name} diverged: {e}", flush=True)
-            trained[name] = {"diverged": str(e), "val_loss": None}
+            trained[name] = diverged(name, str(e), divergence_is_a_result)
             units_done += fraction
             continue
         if result["interrupted"]:
@@ -168,72 +179,108 @@ def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=
     return trained, budget
 
 
+def diverged(name, why, divergence_is_a_result):
+    """A run whose loss stopped being finite: a result of its own (a learning-rate sweep), or the end of the study."""
+    if not divergence_is_a_result:
+        raise UserError(f"{name} diverged: {why} (lower that model's learning rate in the experiment's settings; "
+                        f"--reuse=True keeps the runs already finished)")
+    print(f"{name} diverged: {why}", flush=True)
+    return {"diverged": why, "val_loss": None}
+
+
 def train_in_processes(runs, jobs, label, again="--reuse=True goes on from them"):
-    """Train `runs`, each (model, train_all's arguments after `models`: (s, dataset, checkpoints, device, meta, seed,
-    quiet), reuse), in processes of their own, `jobs` at a time, each with its share of the threads; a train_all
-    with reuse=True then loads them. Returns the {(name, seed)} trained now (not reused), or None if stopped:
-    Ctrl-C or SIGTERM stops every process as train.py stops (what finished is kept for --reuse=True). The processes
-    print nothing: this one prints the progress. A run that diverges is left to the train_all that follows."""
+    """Train `runs`, {key: (model, train_all's arguments after `models`: (s, dataset, checkpoints, device, meta,
+    seed, quiet), reuse)}, each in a process of its own, `jobs` at a time, each with its share of the threads.
+    Returns (outcomes, stopped): outcomes {key: (trained | reused | diverged, why)} for the runs that finished,
+    which train_all(outcomes=...) then loads. Ctrl-C or SIGTERM stops every process as train.py stops (a
+    checkpoint of the run under way is kept, for --reuse=True); a second one kills them at once. The processes
+    print nothing: this one prints the progress; an error in one stops them all, with its message."""
     context = multiprocessing.get_context("spawn")  # not fork: a forked OpenMP runtime can hang
+    jobs = min(jobs, len(runs))
     threads = max(1, torch.get_num_threads() // jobs)
     reports = context.Queue()
-    waiting, running, fresh, failed = list(runs), {}, set(), None
-    progress = Progress(f"[{label}] training runs finished:", len(runs))
-    print(f"[{label}] {len(runs)} training runs, {jobs} processes of {threads} thread(s)", flush=True)
+    units = {key: run[0][3].get("budget_fraction", 1.0) for key, run in runs.items()}  # a run's share of the budget
+    waiting, running, outcomes, failed = list(runs), {}, {}, None
+    started = last_line = time.perf_counter()
+    print(f"[{label}] {len(runs)} training runs, {jobs} at a time, each in a process of {threads} thread(s)",
+          flush=True)
     try:
-        with StopSignals(f"stopping the {jobs} training processes (each saves its checkpoint)") as stop:
+        with StopSignals("stopping the training processes (each saves its checkpoint)") as stop:
             while running or (waiting and not stop and failed is None):
                 while waiting and len(running) < jobs and not stop and failed is None:
-                    model, arguments, reuse = waiting.pop(0)
-                    process = context.Process(target=train_one, args=(model, arguments, reuse, threads, reports))
+                    key = waiting.pop(0)
+                    model, arguments, reuse = runs[key]
+                    running[key] = process = context.Process(target=train_one,
+                                                             args=(key, model, arguments, reuse, threads, reports))
                     process.start()
-                    running[(model[0], arguments[5])] = process
                 try:
-                    key, outcome = reports.get(timeout=1)
+                    key, (kind, why) = reports.get(timeout=1)
                     running.pop(key).join()  # (a process that reported is in `running` until here)
-                    if outcome == "trained":
-                        fresh.add(key)
-                    elif outcome not in ("reused", "diverged", "stopped") and failed is None:
-                        failed = f"{key[0]} (seed {key[1]}): {outcome}"
+                    if kind in ("trained", "reused", "diverged"):
+                        outcomes[key] = (kind, why)
+                    elif kind == "error" and failed is None:
+                        failed = f"training {key}: {why}"
                 except queue.Empty:  # a process that ended without a word (killed from outside, out of memory); one
                     for key, process in list(running.items()):  # that reported has its word in the queue already
                         if process.exitcode is not None and reports.empty():
                             running.pop(key)
                             if not stop and failed is None:
-                                failed = f"{key[0]} (seed {key[1]}): its process ended with status {process.exitcode}"
+                                failed = f"training {key}: its process ended with status {process.exitcode}"
                 if stop or failed:
                     for process in running.values():
-                        if process.exitcode is None and not getattr(process, "asked_to_stop", False):
+                        if not getattr(process, "asked_to_stop", False):
                             process.asked_to_stop = True
                             process.terminate()  # SIGTERM: train.py saves its checkpoint and returns
-                progress.update(len(runs) - len(waiting) - len(running))
+                now = time.perf_counter()
+                if now - last_line >= 10:
+                    last_line = now  # the time left, from the runs trained here (reused ones cost nothing)
+                    done = sum(units[key] for key, (kind, _) in outcomes.items() if kind == "trained")
+                    left = sum(units[key] for key in waiting + list(running))
+                    print(f"[{label}] {len(outcomes)}/{len(runs)} runs finished, {len(running)} training, "
+                          f"{format_duration(now - started)} so far, "
+                          f"~{format_duration((now - started) / done * left if done else float('nan'))} left",
+                          flush=True)
     finally:  # a second Ctrl-C (quit at once) or an error here: no process is left behind
         for process in running.values():
-            process.kill()
+            if process.pid is not None:
+                process.kill()
     if failed:
-        raise UserError(f"training {failed}")
+        raise UserError(failed)
     if stop:
-        print(f"interrupted: {len(fresh)} runs trained, their checkpoints kept ({again})", flush=True)
-        return None
-    return fresh
+        print(f"interrupted: {len(outcomes)} of {len(runs)} runs finished, their checkpoints kept ({again})",
+              flush=True)
+    return outcomes, bool(stop)
 
 
-def train_one(model, arguments, reuse, threads, reports):
-    """One run of train_in_processes, in a process of its own: what train_all made of it, as one word, or the
-    error."""
-    os.setsid()  # a group of its own: a Ctrl-C reaches the parent, which stops each process once
-    torch.set_num_threads(threads)
-    sys.stdout = open(os.devnull, "w")  # the parent prints the progress
+def train_one(key, model, arguments, reuse, threads, reports):
+    """One run of train_in_processes, in a process of its own: (key, (what train_all made of it, why)) on `reports`.
+    Only SIGTERM stops it: the parent sends one at a Ctrl-C (which a terminal sends to every process of the
+    command: the parent alone answers it), and the process sends itself one if the parent is gone."""
+    outcome, parent = ("stopped", ""), multiprocessing.parent_process()
     try:
-        trained, _ = train_all([model], *arguments, reuse=reuse, divergence_is_a_result=True)
-        result = None if trained is None else trained[model[0]]
-        outcome = "stopped" if result is None else "diverged" if "diverged" in result else \
-            "reused" if result.get("reused") else "trained"
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # this thread's, and every thread's it starts
+        threading.Thread(target=stop_when_gone, args=(parent.sentinel,), daemon=True).start()
+        torch.set_num_threads(threads)
+        with open(os.devnull, "w") as nowhere, contextlib.redirect_stdout(nowhere), StopSignals(immediate=True):
+            trained, _ = train_all([model], *arguments, reuse=reuse, divergence_is_a_result=True)
+        result = {} if trained is None else trained[model[0]]
+        outcome = ("stopped", "") if trained is None else ("diverged", result["diverged"]) if "diverged" in result \
+            else ("reused" if result.get("reused") else "trained", "")
+    except KeyboardInterrupt:  # SIGTERM outside train.py's loop (loading the data): nothing to keep
+        pass
     except UserError as e:
-        outcome = str(e)
-    except BaseException:  # noqa: B902  (the parent says it in one line and stops)
-        outcome = traceback.format_exc(limit=-3).strip().splitlines()[-1]
-    reports.put(((model[0], arguments[5]), outcome))
+        outcome = ("error", str(e))
+    except BaseException:  # noqa: B902  (the parent says it in one line and stops the others)
+        outcome = ("error", traceback.format_exc(limit=-3).strip().splitlines()[-1])
+    if parent.is_alive():
+        reports.put((key, outcome))
+
+
+def stop_when_gone(sentinel):
+    """A training process's watch on its parent: if the command ends without stopping it (killed, out of memory),
+    the process stops as at a SIGTERM (keeping a checkpoint) instead of training on unseen."""
+    multiprocessing.connection.wait([sentinel])
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def equal_flops_config(model, fraction, s, dataset, checkpoints, device, meta, seed, quiet, budget):

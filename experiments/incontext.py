@@ -41,8 +41,7 @@ from infra.configurator import QUICK_NOTE, run_main
 from data.prepare_common import write_dataset
 from infra.dataset import load_dataset
 from infra.progress import format_duration, format_flops, write_atomically
-from infra.timing import machine_name
-from experiments.equal_compute import resolve_experiment, train_and_evaluate_seeds
+from experiments.equal_compute import machine_line, resolve_experiment, train_and_evaluate_seeds
 
 KEYS, VALUES = "abcdefgh", "ABCDEFGH"
 MAX_DEMONSTRATIONS = 16
@@ -256,7 +255,7 @@ def main():
     if not runs:
         raise KeyboardInterrupt  # before any seed finished: run_main says what is kept (status 130)
     seconds = time.perf_counter() - t0
-    text = summarise(runs, s, budget, seconds, scale, machine_name(device))
+    text = summarise(runs, s, budget, seconds, scale, machine_line(device, config))
     if len(runs) < s["seeds"]:
         text += f"\n\n**Interrupted: {len(runs)} of {s['seeds']} seeds finished.**"
     print("\n" + text)

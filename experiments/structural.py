@@ -31,9 +31,9 @@ import torch
 
 import kvcache
 from data.prepare_common import write_dataset
+from experiments.equal_compute import machine_line
 from infra.configurator import UserError
 from infra.progress import check_writable, format_duration, write_atomically
-from infra.timing import machine_name
 
 
 SETTINGS = dict(position="rope", learning_rate=3e-3, min_lr=3e-4)  # every model: rotary positions (a line starts
@@ -193,9 +193,7 @@ def write_seeds(result, config, scale, device, seeds_trained, started, extra, re
     runs, budget, interrupted = seeds_trained
     if not runs:
         raise KeyboardInterrupt  # run_main says what is kept
-    jobs = config.get("jobs", 1)  # the threads machine_name counts are this process's; each training one had its share
-    machine = machine_name(device) + (f", training {jobs} runs at once (processes)" if jobs > 1 else "")
-    data = dict({"scale": scale, "machine": machine, "seeds": [run["seed"] for run in runs],
+    data = dict({"scale": scale, "machine": machine_line(device, config), "seeds": [run["seed"] for run in runs],
                  "runs": runs, "interrupted": interrupted, "budget_flops": budget,
                  "seconds": time.perf_counter() - started}, **extra)
     write_results(config["out_dir"], result, data, report(data))

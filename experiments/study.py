@@ -50,12 +50,11 @@ import torch
 import torch.nn.functional as F
 
 import objectives
-from experiments.equal_compute import flops_budget, resolve_experiment, train_all
+from experiments.equal_compute import flops_budget, machine_line, resolve_experiment, train_all
 from experiments.study_report import PROBE_TASKS, plot, report
 from infra.configurator import UserError, run_main
 from infra.dataset import get_windows, load_dataset
 from infra.progress import Progress, StopSignals, format_duration, format_flops, write_atomically
-from infra.timing import machine_name
 from model import IGNORE_INDEX, ModelConfig, Transformer
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/study",
@@ -467,7 +466,7 @@ def main():
     k = max(1, round(0.15 * (T - 1)))
     blanks = torch.stack([torch.randperm(T - 1, generator=torch.Generator().manual_seed(i))[:k] + 1
                           for i in range(N)]).sort(dim=1).values.to(device)
-    data = {"scale": scale, "device": device, "machine": machine_name(device), "budget_flops": budget, "seeds": seeds, "learning_rates": list(rates),
+    data = {"scale": scale, "device": device, "machine": machine_line(device, config), "budget_flops": budget, "seeds": seeds, "learning_rates": list(rates),
             "chosen_learning_rate": chosen, "budget_fractions": list(fractions), "ablation_budget": ablation_share,
             "ablation_learning_rate": ablation_rate,
             "models": {m[0]: {"arch": m[1], "objective": m[2], "learning_rate": chosen[m[0]], "seeds": []}

@@ -3,7 +3,7 @@ Looks at a step's speed from outside the chapter's code: how fast our cached dec
 implementation of the same model, and where a decoding or training step's time goes. bench.py's sections 4d and 6
 print them.
 
-    against_hugging_face(config, prompt, new, ...)    tokens/s of kvcache.generate and of transformers' generate
+    against_hugging_face(size, prompt, new, ...)      tokens/s of kvcache.generate and of transformers' generate
                                                        on one GPT-2-layout model, and whether both wrote the same
                                                        greedy tokens (None where transformers is not installed)
     profile_steps(step, device)                        torch.profiler around a few calls of step(): the operators
@@ -11,8 +11,9 @@ print them.
     profile_decoding(model, ids, ...)                  that, for cached gpt steps at batch 1 and 32, eager and
                                                        compiled
 
-Every timing as in bench.py: warm-up first, the device synchronised before the clock is read, medians. What the
-profiles showed on the machines measured so far is written in docs/speed.md.
+Every timing as in bench.py: warm-up first, the device synchronised before the clock is read; speeds are medians of
+repeats, a profile's shares come from one profiled stretch of steps. What the profiles showed on the machines
+measured so far is written in docs/speed.md.
 """
 import os
 from contextlib import nullcontext
@@ -26,9 +27,9 @@ from infra.timing import median_time, time_once
 
 # ----------------------------------------------------------------------------- against transformers' generate
 
-def against_hugging_face(config, prompt, new, device, repeats, autocast=nullcontext, compiled=True):
+def against_hugging_face(size, prompt, new, device, repeats, autocast=nullcontext, compiled=True):
     """Our cached greedy decoding against Hugging Face transformers' `generate` on the same model: a GPT-2 built by
-    transformers from `config` (n_layer, n_head, n_embd, block_size, vocab; random weights, GPT-2's own layout:
+    transformers of `size` (bench.py's: n_layer, n_head, n_embd, block_size, vocab; random weights, GPT-2's own layout:
     biases, tied head), the same weights loaded into our Transformer (infra/pretrained.py). Batch 1, the same
     prompt and number of tokens. Returns {"transformers": version, "new_tokens", "samplers": {name: {"tokens_per_s"}},
     "same_tokens": {name: bool}, "reference": the transformers row's name}, or None without transformers."""
@@ -40,8 +41,8 @@ def against_hugging_face(config, prompt, new, device, repeats, autocast=nullcont
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
     theirs = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=config["vocab"], n_positions=config["block_size"], n_embd=config["n_embd"],
-        n_layer=config["n_layer"], n_head=config["n_head"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        vocab_size=size["vocab"], n_positions=size["block_size"], n_embd=size["n_embd"],
+        n_layer=size["n_layer"], n_head=size["n_head"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
         bos_token_id=None, eos_token_id=None, pad_token_id=0)).to(device).eval()
     ours, _ = build_published(theirs.config, theirs.state_dict(), "transformers' GPT2LMHeadModel", device)
     reference = "transformers generate (use_cache=True, greedy)"
@@ -62,7 +63,7 @@ def against_hugging_face(config, prompt, new, device, repeats, autocast=nullcont
                 sample()
                 speeds[name] = {"tokens_per_s": new / median_time(sample, device, repeats, warmup=0)}
     if any(len(written) != new for written in tokens.values()):
-        raise RuntimeError(f"a sampler did not write {new} tokens: {[len(t) for t in tokens.values()]}")
+        raise RuntimeError(f"against transformers: a sampler did not write {new} tokens: {[len(t) for t in tokens.values()]}")
     return {"transformers": transformers.__version__, "new_tokens": new, "samplers": speeds, "reference": reference,
             "same_tokens": {name: tokens[name] == tokens[reference] for name in tokens}}
 
@@ -103,14 +104,14 @@ def profile_steps(step, device, steps, top=8, warmup=2):
                      "us_per_call": getattr(e, key) / max(1, e.count)} for e in events[:top]]}
 
 
-def profile_decoding(model, ids, device, autocast=nullcontext, compiled=True, steps=32, top=8):
+def profile_decoding(model, ids, device, autocast=nullcontext, compiled=True, steps=32, top=8, label="profile"):
     """profile_steps around `steps` cached steps of `model` at the middle of the context of `ids` (1, T) (the
     cache rewound before each, as bench.py's 4a does), at batch 1 and 32, eager and compiled: {case: figures}."""
     T = ids.size(1)
     modes = (("eager", kvcache.decode_step),) + ((("compiled", kvcache.compiled_decode_step()),) if compiled else ())
     cases = [(batch, mode, step) for batch in (1, 32) for mode, step in modes]
     data = {}
-    progress = Progress("[bench] decoding profile", len(cases))
+    progress = Progress(f"[{label}] decoding", len(cases))
     torch._dynamo.reset()
     with torch.inference_mode(), autocast():
         for done, (batch, mode, step) in enumerate(cases):

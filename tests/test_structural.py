@@ -305,62 +305,69 @@ def test_some_models_at_a_larger_budget_are_a_result_of_their_own(name, tmp_path
 
 def test_runs_trained_in_processes_are_the_runs_one_process_trains(tmp_path):
     """--jobs=2 trains the runs in two processes, then loads and evaluates them as one process would: the same
-    models (the same validation loss), counted as trained by this command, not reused. A bad --jobs is one line."""
+    models (the same validation loss), counted as trained by this command; run again with --reuse=True, as reused.
+    A bad --jobs is one line."""
     results = {}
     for jobs in (1, 2):
         result = run_script("experiments/planning.py", "--quick", f"--out_dir={tmp_path / str(jobs)}",
                             "--models=gpt,bert", f"--jobs={jobs}")
         assert result.returncode == 0, result.stderr[-2000:]
-        assert ("2 training runs, 2 processes" in result.stdout) == (jobs == 2)
+        assert ("2 training runs, 2 at a time" in result.stdout) == (jobs == 2)
         results[jobs] = json.loads((tmp_path / str(jobs) / "planning-quick-gpt-bert.json").read_text())
     for name, one in results[1]["runs"][0]["models"].items():
         two = results[2]["runs"][0]["models"][name]
         assert two["val_loss"] == pytest.approx(one["val_loss"], rel=1e-4) and two["flops"] == one["flops"], name
         assert not two["reused"], name
-    assert "training 2 runs at once" in results[2]["machine"]
+    assert "2 training runs at once" in results[2]["machine"]
+    again = run_script("experiments/planning.py", "--quick", f"--out_dir={tmp_path / '2'}", "--models=gpt,bert",
+                       "--jobs=2", "--reuse=True")
+    assert again.returncode == 0, again.stderr[-2000:]
+    reused = json.loads((tmp_path / "2" / "planning-quick-gpt-bert.json").read_text())["runs"][0]["models"]
+    for name, run in reused.items():
+        assert run["reused"] and run["val_loss"] == results[2]["runs"][0]["models"][name]["val_loss"], name
     refused = run_script("experiments/planning.py", "--quick", f"--out_dir={tmp_path / 'other'}", "--jobs=0")
     assert refused.returncode == 2 and "--jobs=0" in refused.stderr and "Traceback" not in refused.stderr
 
 
-def spawned_processes():
-    """The pids of multiprocessing's spawned children on this machine (their command line names spawn_main)."""
+def training_processes_of(pid):
+    """The pids of the processes `pid` spawned to train (multiprocessing's spawn_main; not its resource tracker,
+    which ends on its own after the command), from /proc."""
     found = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for child in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"spawn_main" in f.read():
-                    found.add(int(pid))
-        except OSError:  # ended meanwhile
+            with open(f"/proc/{child}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{child}/cmdline", "rb") as f:
+                if parent == pid and b"spawn_main" in f.read():
+                    found.add(int(child))
+        except (OSError, IndexError, ValueError):  # ended meanwhile
             pass
     return found
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc"), reason="counts processes in /proc")
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the processes from /proc")
 def test_a_stop_while_processes_train_stops_them_all_and_keeps_what_finished(tmp_path):
-    """SIGTERM while --jobs=2 trains: every training process stops (none is left running), the command ends with
-    one line and status 130, and a checkpoint of the runs under way is kept for --reuse=True."""
+    """SIGTERM while --jobs=2 trains: every training process stops (none outlives the command), the command ends
+    with one line and status 130, and the runs under way keep a checkpoint (saved, not finished) for --reuse=True."""
     import signal
     import subprocess
     import sys
     import time
     from conftest import ROOT
-    before = spawned_processes()
     process = subprocess.Popen([sys.executable, os.path.join(ROOT, "experiments/reversal.py"), "--quick",
-                                f"--out_dir={tmp_path}", "--jobs=2", "--budget=300"], cwd=ROOT, text=True,
+                                f"--out_dir={tmp_path}", "--jobs=2", "--budget=600"], cwd=ROOT, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     for line in process.stdout:
-        if "training runs, 2 processes" in line:
+        if "training runs, 2 at a time" in line:
             break
-    deadline = time.time() + 120  # until the first run finished (a checkpoint is written at the end, or at a stop)
-    while time.time() < deadline and not list(tmp_path.glob("checkpoints/*/seed*/ckpt.pt")):
-        time.sleep(0.5)
-    time.sleep(10)  # the next runs are under way (a run here takes ~30 s on 2 cores)
+    time.sleep(15)  # both processes are training (a run here takes about a minute)
+    workers = training_processes_of(process.pid)
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130 and "Traceback" not in stderr, stderr[-2000:]
-    assert "--reuse=True" in stderr
+    assert "--reuse=True" in stderr and len(workers) == 2
     time.sleep(1)
-    assert spawned_processes() <= before  # no training process outlived the command
+    assert not {pid for pid in workers if os.path.exists(f"/proc/{pid}")}  # none outlived the command
     saved = list(tmp_path.glob("checkpoints/*/seed*/ckpt.pt"))
     finished = list(tmp_path.glob("checkpoints/*/seed*/study_run.json"))
     assert len(finished) < len(saved) < 7  # a run was stopped mid-way (saved, not finished), and not all ran
