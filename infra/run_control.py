@@ -82,6 +82,7 @@ class RunControl:
         self.created = False
         self.saved_at = None  # the iteration of the last checkpoint this run wrote
         self.clock, self.timed_iters, self.last_line = time.perf_counter(), 0, time.perf_counter()
+        self.flops_at_clock = flops_done  # the rate of a FLOPs budget's spending, since the last log line
 
     # ---- the out_dir, for the run's whole life
     def __enter__(self):
@@ -184,6 +185,7 @@ class RunControl:
             self.log(f"interrupted: {saved}; resume with the same command plus --init_from=resume"
                      + (" (it repeats the evaluation that was cut short)" if save and cut_short else ""))
         self.clock, self.timed_iters = time.perf_counter(), 0  # evaluation and saving are not training time
+        self.flops_at_clock = self.flops_done
 
     def say_how_it_ended(self, iter_num):
         """The last line of a run that was not stopped: where its checkpoint is, and what to run next."""
@@ -231,15 +233,22 @@ class RunControl:
             self.check_losses()
             now = time.perf_counter()
             dt = (now - self.clock) / self.timed_iters  # mean over the iterations since the last log line
-            self.clock, self.timed_iters, self.last_line = now, 0, now
-            left = (self.end_iter - iter_num - 1) * dt
+            left = (self.config["max_iters"] - iter_num - 1) * dt
+            budget = self.config["max_flops"]
+            if budget:  # or the FLOPs budget ends it first: what is left of that, at the rate since the last line
+                # (a step's FLOPs vary with the objective's draws: the planned iteration count is an estimate)
+                spent = max(1.0, self.flops_done - self.flops_at_clock)
+                left = min(left, max(0.0, budget - self.flops_done) * (now - self.clock) / spent)
+            self.clock, self.timed_iters, self.last_line, self.flops_at_clock = now, 0, now, self.flops_done
             self.log(f"iter {iter_num}: loss {loss_value:.4f}, {dt * 1000:.1f} ms/iter, {tokens / dt:,.0f} tok/s, "
                      f"{supervised / dt:,.0f} supervised tok/s, "
                      f"{format_mfu(flops / self.processes.world_size / dt, self.peak_flops)}, {1 / dt:.2f} it/s, "
                      f"~{format_duration(left)} left", flush=True)
             if self.config["quiet"] and self.master and line_due:  # a quiet run (an experiment's) still talks
-                print(f"  iteration {iter_num + 1}/{self.end_iter}: loss {loss_value:.4f}, "
-                      f"~{format_duration(left)} left in this run", flush=True)
+                where = f" ({100 * min(1.0, self.flops_done / budget):.0f}% of its FLOPs budget)" if budget else \
+                    f"/{self.end_iter}"
+                print(f"  iteration {iter_num + 1}{where}: loss {loss_value:.4f}, ~{format_duration(left)} left in "
+                      f"this run", flush=True)
         if self.stop:  # perhaps only another process was asked: stop together
             self.signals.requested = True
 

@@ -1,6 +1,7 @@
 """Long work talks and stops when asked: progress lines during a slow evaluation, a signal during evaluation
 stops within seconds and leaves a loadable checkpoint, and a GPU-sized run on a CPU says so at once."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -57,6 +58,24 @@ def test_a_quiet_run_still_says_how_far_it_is(char_dataset, tmp_path, capsys, mo
     lines = capsys.readouterr().out.splitlines()
     assert lines and all(line.startswith("  iteration ") and line.endswith(" left in this run") for line in lines), lines
     assert [line.split()[1] for line in lines] == [f"{i}/6:" for i in range(1, 7)]
+
+
+def test_a_flops_budget_run_says_its_share_of_the_budget_and_never_a_negative_time(char_dataset, tmp_path, capsys,
+                                                                                    monkeypatch):
+    """A run that a FLOPs budget ends (every experiment's) plans its iterations from one batch; an objective whose
+    steps cost more or less than that batch (t5's, UL2's) runs past or short of the plan. The line says the share
+    of the budget spent and the time left from the FLOPs left: never "iteration 8/4" or a negative time."""
+    one_step = train.train(train.resolve_config(tiny_args(char_dataset, str(tmp_path / "a"), max_iters=1)))["flops"]
+    monkeypatch.setattr(train, "SECONDS_BETWEEN_LINES", 0.0)
+    monkeypatch.setattr(train, "planned_iterations", lambda *a: 2)  # a plan that is short of what the budget buys
+    capsys.readouterr()
+    train.train(train.resolve_config(tiny_args(char_dataset, str(tmp_path / "b"), max_iters=10 ** 9,
+                                               max_flops=5.5 * one_step)))
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) >= 3, lines  # past the planned 2 iterations
+    shares = [int(re.search(r"\((\d+)% of its FLOPs budget\)", line).group(1)) for line in lines]
+    assert shares == sorted(shares) and shares[-1] <= 100
+    assert not [line for line in lines if "~-" in line], lines
 
 
 def test_a_signal_during_evaluation_stops_within_seconds_and_saves(char_dataset, tmp_path):
