@@ -3,12 +3,14 @@ Question: planning with lookahead (claim X5). On path-finding in star graphs, do
 training stay at chance while the same model trained to write the path backwards, or a masked-diffusion model,
 solves it? And does the order in which a diffusion model unmasks matter?
 
-    python experiments/planning.py               # 7 models x 3 seeds at equal FLOPs -> results/structural/
-                                                 # planning-cpu.{md,json} (not run at this preset; ~40 minutes)
-    python experiments/planning.py --models=gpt,gpt-reversed,diffusion   # the three X5 is about: ~20 minutes, but
-                                                 # the control fails at 1 x -> planning-cpu-gpt-gpt-reversed-diffusion.*
-    python experiments/planning.py --models=gpt,gpt-reversed,diffusion --budget=6   # where the control passes:
-                                                 # ~30 minutes a model for 3 seeds (measured: one thread, cores shared)
+    python experiments/planning.py --budget=6 --jobs=2   # 7 models x 3 seeds at 6 x the preset's FLOPs, where the
+                                                 # control passes -> results/structural/planning-cpu-x6.{md,json}:
+                                                 # 227 minutes of training measured (one thread a run; --jobs=2 runs
+                                                 # two at once on 2 cores, about half the wall time)
+    python experiments/planning.py --models=gpt,gpt-reversed,diffusion --budget=6 --jobs=2   # the three X5 is
+                                                 # about: 87 of those minutes
+                                                 # -> planning-cpu-gpt-gpt-reversed-diffusion-x6.{md,json}
+    python experiments/planning.py               # the preset's 1 x: the control fails there (~40 minutes)
     python experiments/planning.py --scale=gpu   # larger graphs and model
     python experiments/planning.py --quick       # a smoke run in seconds (the test suite runs it) -> out-quick/
 
