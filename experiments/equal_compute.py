@@ -50,15 +50,20 @@ def resolve_experiment(defaults, scales, name, extensions=(".md", ".json", ".png
     files (out_dir/<name>-<scale><extension>) checked writable before any work."""
     config = apply_overrides(defaults, sys.argv[1:])
     config["out_dir"] = output_folder(config, defaults)
-    if "jobs" in config and (isinstance(config["jobs"], bool) or not isinstance(config["jobs"], int)
-                             or config["jobs"] < 1):
-        raise UserError(f"--jobs={config['jobs']}: how many runs train at once, a whole number >= 1 (the cores the "
-                        f"machine has: {os.cpu_count()})")
+    check_jobs(config)
     scale = "quick" if config["quick"] else config["scale"]
     if scale not in scales or (scale == "quick" and not config["quick"]):  # quick output goes to out-quick/ only
         raise UserError(f"unknown --scale={scale}: {', '.join(k for k in scales if k != 'quick')} (or --quick)")
     check_writable([os.path.join(config["out_dir"], f"{name}-{scale}{extension}") for extension in extensions])
     return config, scale, pick_device(config["device"])
+
+
+def check_jobs(config):
+    """--jobs, where a command has it: how many training runs at once, a whole number >= 1."""
+    jobs = config.get("jobs", 1)
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise UserError(f"--jobs={jobs}: how many runs train at once, a whole number >= 1 (the cores the machine "
+                        f"has: {os.cpu_count()})")
 
 
 def machine_line(device, config):

@@ -42,7 +42,7 @@ from infra.configurator import QUICK_NOTE, UserError, apply_overrides, check_see
 from infra.dataset import load_dataset
 from infra.progress import StopSignals, check_writable, format_duration, write_atomically
 from infra.timing import machine_name
-from experiments.equal_compute import flops_budget, train_all
+from experiments.equal_compute import check_jobs, flops_budget, train_all
 from experiments.study_report import mean_std
 from experiments.tasks import CANDIDATES, TASKS, baselines, classification_scores, make_task, read_texts, retrieval_scores
 
@@ -58,6 +58,7 @@ DEFAULTS = dict(
     batch_size=32, learning_rate=3e-4, head_learning_rate=3e-3, temperature=0.05,  # temperature: contrastive loss
     device="auto",
     study=False, scale="cpu", quick=False, out_dir="results/study", fresh=False,  # --study: the whole table
+    jobs=1,                  # --study's pretraining: how many runs train at once (processes; 2 on 2 cores: half the time)
 )
 MODES = ("probe", "full")
 
@@ -290,7 +291,7 @@ def study_backbones(config, scale, device, seeds):
               f"rates " + (f"from {study_json}" if rates else "1e-3: study.py has not chosen them")
               + f"); the others are reused from {prefix}-*", flush=True)
         trained, _ = train_all(missing, s, config["dataset"], prefix, device, meta, seeds[0], True,
-                                             again="the same command goes on from the finished runs")
+                               again="the same command goes on from the finished runs", jobs=config.get("jobs", 1))
         if trained is None:  # train_all said which checkpoints are finished; they are reused next time
             raise KeyboardInterrupt  # run_main: status 130 and what is kept (the finished pretraining runs)
     identities = {}  # which pretraining runs the results belong to: a retrained checkpoint invalidates them
@@ -305,6 +306,7 @@ def study_backbones(config, scale, device, seeds):
 
 def study(config):
     config["out_dir"] = output_folder(config, DEFAULTS)
+    check_jobs(config)
     scale = "quick" if config["quick"] else config["scale"]
     if scale not in STUDY_SCALES:
         raise UserError(f"unknown --scale={scale}: {', '.join(k for k in STUDY_SCALES if k != 'quick')} (or --quick)")

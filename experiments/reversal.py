@@ -2,10 +2,10 @@
 Question: the reversal curse (claim X4). Trained on "A is B" in one direction only, which objectives can answer
 "B is ?", and does that depend on scale, or on which tokens each objective predicts from which?
 
-    python experiments/reversal.py               # 7 models x 3 seeds at equal FLOPs: ~12 minutes a seed measured
-                                                 # (one thread, 2 cores shared with other jobs)
-                                                 # -> results/structural/reversal-cpu.{md,json}
-    python experiments/reversal.py --models=gpt,bert,diffusion      # the curse and its escape alone: ~14 minutes
+    python experiments/reversal.py --jobs=2      # 7 models x 3 seeds at equal FLOPs, two runs at a time: 11 minutes
+                                                 # measured on 2 cores (21 minutes of training; without --jobs, one
+                                                 # run after another) -> results/structural/reversal-cpu.{md,json}
+    python experiments/reversal.py --models=gpt,bert,diffusion --jobs=2   # the curse and its escape alone
                                                  # -> reversal-cpu-gpt-bert-diffusion.{md,json}
     python experiments/reversal.py --models=t5,t5-ul2 --budget=4    # the models that fail the positive control at
                                                  # 4 x the budget -> reversal-cpu-t5-t5-ul2-x4.{md,json}

@@ -47,7 +47,8 @@ from infra.timing import machine_name
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/structural",
                 study_dir="results/study",  # where experiments/study.py and finetune.py keep their checkpoints
-                seed=1337, quiet=True)
+                seed=1337, quiet=True,
+                jobs=1)  # the study's pretraining, when missing: how many runs train at once (processes)
 SCALES = {  # which study checkpoints (finetune.py's), the windows, the head's training
     "cpu": dict(study_scale="cpu", window=32, train_windows=2000, eval_windows=1000, steps=300, probe_steps=400,
                 batch_size=32, learning_rate=3e-4, head_learning_rate=3e-3, seeds=3),
