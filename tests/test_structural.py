@@ -325,8 +325,10 @@ def test_runs_trained_in_processes_are_the_runs_one_process_trains(tmp_path):
     reused = json.loads((tmp_path / "2" / "planning-quick-gpt-bert.json").read_text())["runs"][0]["models"]
     for name, run in reused.items():
         assert run["reused"] and run["val_loss"] == results[2]["runs"][0]["models"][name]["val_loss"], name
-    refused = run_script("experiments/planning.py", "--quick", f"--out_dir={tmp_path / 'other'}", "--jobs=0")
-    assert refused.returncode == 2 and "--jobs=0" in refused.stderr and "Traceback" not in refused.stderr
+    for command in ("experiments/planning.py", "experiments/finetune.py --study"):  # (finetune: its pretraining)
+        refused = run_script(*command.split(), "--quick", f"--out_dir={tmp_path / 'other'}", "--jobs=0")
+        assert refused.returncode == 2 and "--jobs=0" in refused.stderr and "Traceback" not in refused.stderr
+        assert not (tmp_path / "other").exists()
 
 
 def training_processes_of(pid):
