@@ -58,7 +58,7 @@ DEFAULTS = dict(
     batch_size=32, learning_rate=3e-4, head_learning_rate=3e-3, temperature=0.05,  # temperature: contrastive loss
     device="auto",
     study=False, scale="cpu", quick=False, out_dir="results/study", fresh=False,  # --study: the whole table
-    jobs=1,                  # --study's pretraining: how many runs train at once (processes; 2 on 2 cores: half the time)
+    jobs=1,                  # --study's pretraining: how many runs train at once (processes, one per core)
 )
 MODES = ("probe", "full")
 

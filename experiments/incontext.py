@@ -48,7 +48,7 @@ MAX_DEMONSTRATIONS = 16
 K_VALUES = (0, 1, 2, 4, 8, 16)
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", out_dir="results/study", seed=1337, quiet=False,
                 reuse=False,  # True: load the runs finished earlier with the same settings
-                jobs=1)  # how many runs train at once (processes; 2 on 2 cores: about half the time)
+                jobs=1)  # how many runs train at once (processes, one per core)
 SCALES = {  # model size and the FLOPs budget (as gpt iterations), the training text, the evaluation
     # cpu: 12 models (4 archs x 3 seeds), 2,000 gpt steps each; cpu-long: 7.5x longer, one seed
     "cpu": dict(n_layer=2, n_head=4, n_embd=64, block_size=64, batch_size=32, gpt_iters=2000, eval_iters=10,

@@ -3,13 +3,12 @@ Question: planning with lookahead (claim X5). On path-finding in star graphs, do
 training stay at chance while the same model trained to write the path backwards, or a masked-diffusion model,
 solves it? And does the order in which a diffusion model unmasks matter?
 
-    python experiments/planning.py --budget=6 --jobs=2   # 7 models x 3 seeds at 6 x the preset's FLOPs, where the
-                                                 # control passes -> results/structural/planning-cpu-x6.{md,json}:
-                                                 # 227 minutes of training measured (one thread a run; --jobs=2 runs
-                                                 # two at once on 2 cores, about half the wall time)
-    python experiments/planning.py --models=gpt,gpt-reversed,diffusion --budget=6 --jobs=2   # the three X5 is
-                                                 # about: 87 of those minutes
-                                                 # -> planning-cpu-gpt-gpt-reversed-diffusion-x6.{md,json}
+    python experiments/planning.py --budget=6    # 7 models x 3 seeds at 6 x the preset's FLOPs, where the control
+                                                 # passes -> results/structural/planning-cpu-x6.{md,json}: 227 minutes
+                                                 # of training measured (one thread a run, two runs at a time on the
+                                                 # 2 cores); --jobs=2 trains two at a time in one command
+    python experiments/planning.py --models=gpt,gpt-reversed,diffusion --budget=6   # the three X5 is about: 87 of
+                                                 # those minutes -> planning-cpu-gpt-gpt-reversed-diffusion-x6.*
     python experiments/planning.py               # the preset's 1 x: the control fails there (~40 minutes)
     python experiments/planning.py --scale=gpu   # larger graphs and model
     python experiments/planning.py --quick       # a smoke run in seconds (the test suite runs it) -> out-quick/
@@ -55,7 +54,7 @@ from kvcache import UNMASK_ORDERS
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", out_dir="results/structural", seed=1337, quiet=True,
                 reuse=False,  # True: load the runs finished earlier with the same settings
-                jobs=1,  # how many runs train at once (processes; 2 on 2 cores: about half the time)
+                jobs=1,  # how many runs train at once (processes, one per core)
                 models="all", budget=1.0)  # some models only (comma-separated), at a multiple of the FLOPs budget
 SCALES = {  # model size and budget (gpt iterations); graphs: degree d, path length l (nodes), nodes to draw from
     "cpu": dict(n_layer=2, n_head=4, n_embd=64, block_size=96, batch_size=12, gpt_iters=4000, eval_iters=10,

@@ -50,7 +50,7 @@ from infra.progress import format_flops
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", out_dir="results/structural", seed=1337, quiet=True,
                 reuse=False,  # True: load the runs finished earlier with the same settings
-                jobs=1,  # how many runs train at once (processes; 2 on 2 cores: about half the time)
+                jobs=1,  # how many runs train at once (processes, one per core)
                 models="all", budget=1.0)  # some models only (comma-separated), at a multiple of the FLOPs budget
 SCALES = {  # model size and the FLOPs budget (as gpt iterations); entities (half asked in evaluation) of `length`
     "cpu": dict(n_layer=2, n_head=4, n_embd=64, block_size=32, batch_size=24, gpt_iters=4000, eval_iters=10,

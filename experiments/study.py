@@ -60,7 +60,7 @@ from model import IGNORE_INDEX, ModelConfig, Transformer
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/study",
                 seed=1337, quiet=False,  # quiet=True: no training log lines (only the study's own)
                 reuse=False,  # True: load runs finished earlier with the same settings instead of retraining them
-                jobs=1)  # how many runs train at once (processes; 2 on 2 cores: about half the time)
+                jobs=1)  # how many runs train at once (processes, one per core)
 
 SCALES = {  # model size and the FLOPs budget, expressed as gpt iterations
     "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, gpt_iters=2000, eval_windows=64,
