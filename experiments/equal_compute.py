@@ -7,8 +7,8 @@ tagging.py, epochs.py and finetune.py build on it.
                                        iterations of the gpt of scale s (forward + backward, t5's two stacks
                                        counted), each with a learning rate that decays over its own share
     train_and_evaluate_seeds(...)      that, for each seed, followed by the experiment's own evaluation
-    train_in_processes(runs, jobs)     train_all's runs in `jobs` processes at once (--jobs=2 on 2 cores: about
-                                       half the wall time), each on its share of the threads
+    train_in_processes(runs, jobs)     train_all's runs in `jobs` processes at once (--jobs=N, one per core),
+                                       each on its share of the threads
     machine_line(device, config)       the machine a result file names, and how its training runs shared it
     resolve_experiment(...)            overrides, scale (--quick wins), device, result files checked writable
 
@@ -123,7 +123,7 @@ def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=
     if jobs > 1 and len(models) > 1 and outcomes is None:
         outcomes, stopped = train_in_processes(
             {model[0]: (model, (s, dataset, checkpoints, device, meta, seed, quiet), reuse) for model in models}, jobs,
-            "train at equal FLOPs", again)
+            "train at equal FLOPs", again, divergence_is_a_result)
         if stopped:
             return None, flops_budget(s, meta)
     budget = flops_budget(s, meta)
@@ -193,24 +193,26 @@ def diverged(name, why, divergence_is_a_result):
     return {"diverged": why, "val_loss": None}
 
 
-def train_in_processes(runs, jobs, label, again="--reuse=True goes on from them"):
+def train_in_processes(runs, jobs, label, again="--reuse=True goes on from them", divergence_is_a_result=False):
     """Train `runs`, {key: (model, train_all's arguments after `models`: (s, dataset, checkpoints, device, meta,
     seed, quiet), reuse)}, each in a process of its own, `jobs` at a time, each with its share of the threads.
     Returns (outcomes, stopped): outcomes {key: (trained | reused | diverged, why)} for the runs that finished,
-    which train_all(outcomes=...) then loads. Ctrl-C or SIGTERM stops every process as train.py stops (a
-    checkpoint of the run under way is kept, for --reuse=True); a second one kills them at once. The processes
-    print nothing: this one prints the progress; an error in one stops them all, with its message."""
+    which train_all(outcomes=...) then loads. Ctrl-C or SIGTERM stops every process as train.py stops; the runs
+    that finished are kept (--reuse=True loads them), a run stopped mid-way trains again; a second signal kills
+    the processes at once. The processes print nothing: this one prints the progress. An error in one, or a
+    divergence that is not a result (divergence_is_a_result as train_all's), stops them all with its message."""
     context = multiprocessing.get_context("spawn")  # not fork: a forked OpenMP runtime can hang
     jobs = min(jobs, len(runs))
     threads = max(1, torch.get_num_threads() // jobs)
     reports = context.Queue()
     units = {key: run[0][3].get("budget_fraction", 1.0) for key, run in runs.items()}  # a run's share of the budget
-    waiting, running, outcomes, failed = list(runs), {}, {}, None
+    waiting, running, begun, outcomes, failed = list(runs), {}, {}, {}, None
+    trained_units = trained_seconds = 0.0  # what the runs trained here cost: the time left is estimated from them
     started = last_line = time.perf_counter()
     print(f"[{label}] {len(runs)} training runs, {jobs} at a time, each in a process of {threads} thread(s)",
           flush=True)
     try:
-        with StopSignals("stopping the training processes (each saves its checkpoint)") as stop:
+        with StopSignals("stopping the training processes") as stop:
             while running or (waiting and not stop and failed is None):
                 while waiting and len(running) < jobs and not stop and failed is None:
                     key = waiting.pop(0)
@@ -218,11 +220,19 @@ def train_in_processes(runs, jobs, label, again="--reuse=True goes on from them"
                     running[key] = process = context.Process(target=train_one,
                                                              args=(key, model, arguments, reuse, threads, reports))
                     process.start()
+                    begun[key] = time.perf_counter()
                 try:
-                    key, (kind, why) = reports.get(timeout=1)
+                    key, (kind, why, seconds) = reports.get(timeout=1)
                     running.pop(key).join()  # (a process that reported is in `running` until here)
-                    if kind in ("trained", "reused", "diverged"):
+                    if kind == "diverged" and not divergence_is_a_result and failed is None:
+                        try:
+                            diverged(key, why, False)
+                        except UserError as e:  # the one line a diverged run ends a study with
+                            failed = str(e)
+                    elif kind in ("trained", "reused", "diverged"):
                         outcomes[key] = (kind, why)
+                        if kind == "trained":
+                            trained_units, trained_seconds = trained_units + units[key], trained_seconds + seconds
                     elif kind == "error" and failed is None:
                         failed = f"training {key}: {why}"
                 except queue.Empty:  # a process that ended without a word (killed from outside, out of memory); one
@@ -238,13 +248,14 @@ def train_in_processes(runs, jobs, label, again="--reuse=True goes on from them"
                             process.terminate()  # SIGTERM: train.py saves its checkpoint and returns
                 now = time.perf_counter()
                 if now - last_line >= 10:
-                    last_line = now  # the time left, from the runs trained here (reused ones cost nothing)
-                    done = sum(units[key] for key, (kind, _) in outcomes.items() if kind == "trained")
-                    left = sum(units[key] for key in waiting + list(running))
+                    last_line, left = now, float("nan")
+                    if trained_units:  # seconds per unit of budget, in one process; the runs under way part done
+                        rate = trained_seconds / trained_units
+                        under_way = [max(0.0, units[key] * rate - (now - begun[key])) for key in running]
+                        work = sum(units[key] for key in waiting) * rate + sum(under_way)
+                        left = max([work / jobs] + under_way)
                     print(f"[{label}] {len(outcomes)}/{len(runs)} runs finished, {len(running)} training, "
-                          f"{format_duration(now - started)} so far, "
-                          f"~{format_duration((now - started) / done * left if done else float('nan'))} left",
-                          flush=True)
+                          f"{format_duration(now - started)} so far, ~{format_duration(left)} left", flush=True)
     finally:  # a second Ctrl-C (quit at once) or an error here: no process is left behind
         for process in running.values():
             if process.pid is not None:
@@ -252,22 +263,24 @@ def train_in_processes(runs, jobs, label, again="--reuse=True goes on from them"
     if failed:
         raise UserError(failed)
     if stop:
-        print(f"interrupted: {len(outcomes)} of {len(runs)} runs finished, their checkpoints kept ({again})",
-              flush=True)
+        print(f"interrupted: {len(outcomes)} of {len(runs)} runs finished and kept ({again}; a run stopped "
+              f"mid-way trains again)", flush=True)
     return outcomes, bool(stop)
 
 
 def train_one(key, model, arguments, reuse, threads, reports):
-    """One run of train_in_processes, in a process of its own: (key, (what train_all made of it, why)) on `reports`.
+    """One run of train_in_processes, in a process of its own: (key, (what train_all made of it, why, seconds)) on
+    `reports`.
     Only SIGTERM stops it: the parent sends one at a Ctrl-C (which a terminal sends to every process of the
     command: the parent alone answers it), and the process sends itself one if the parent is gone."""
-    outcome, parent = ("stopped", ""), multiprocessing.parent_process()
+    outcome, parent, started = ("stopped", ""), multiprocessing.parent_process(), time.perf_counter()
     try:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # this thread's, and every thread's it starts
         threading.Thread(target=stop_when_gone, args=(parent.sentinel,), daemon=True).start()
         torch.set_num_threads(threads)
         with open(os.devnull, "w") as nowhere, contextlib.redirect_stdout(nowhere), StopSignals(immediate=True):
             trained, _ = train_all([model], *arguments, reuse=reuse, divergence_is_a_result=True)
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # done: a stop now must not lose the report
         result = {} if trained is None else trained[model[0]]
         outcome = ("stopped", "") if trained is None else ("diverged", result["diverged"]) if "diverged" in result \
             else ("reused" if result.get("reused") else "trained", "")
@@ -278,7 +291,7 @@ def train_one(key, model, arguments, reuse, threads, reports):
     except BaseException:  # noqa: B902  (the parent says it in one line and stops the others)
         outcome = ("error", traceback.format_exc(limit=-3).strip().splitlines()[-1])
     if parent.is_alive():
-        reports.put((key, outcome))
+        reports.put((key, (*outcome, time.perf_counter() - started)))
 
 
 def stop_when_gone(sentinel):

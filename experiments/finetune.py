@@ -41,8 +41,7 @@ from infra.checkpoint import load_checkpoint, load_model
 from infra.configurator import QUICK_NOTE, UserError, apply_overrides, check_seed, output_folder, pick_device, run_main
 from infra.dataset import load_dataset
 from infra.progress import StopSignals, check_writable, format_duration, write_atomically
-from infra.timing import machine_name
-from experiments.equal_compute import check_jobs, flops_budget, train_all
+from experiments.equal_compute import check_jobs, flops_budget, machine_line, train_all
 from experiments.study_report import mean_std
 from experiments.tasks import CANDIDATES, TASKS, baselines, classification_scores, make_task, read_texts, retrieval_scores
 
@@ -328,7 +327,7 @@ def study(config):
     seeds = [config["seed"] + k for k in range(settings["seeds"])]  # one pretraining run per seed
     folders, settings["checkpoints"] = study_backbones(config, scale, device, seeds)
     json_path = os.path.join(config["out_dir"], f"finetune-{scale}.json")
-    data = {"settings": settings, "device": device, "machine": machine_name(device), "cells": [], "baselines": {}, "frozen": [], "examples": {}}
+    data = {"settings": settings, "device": device, "machine": machine_line(device, config), "cells": [], "baselines": {}, "frozen": [], "examples": {}}
     if os.path.exists(json_path) and not config["fresh"]:
         with open(json_path) as f:
             previous = json.load(f)

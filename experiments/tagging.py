@@ -40,10 +40,9 @@ from experiments.finetune import Backbone, hidden_states, study_backbones
 from experiments.study_report import plus_minus
 from experiments.tasks import read_texts
 from infra.configurator import QUICK_NOTE, UserError, output_folder, run_main
-from experiments.equal_compute import resolve_experiment
+from experiments.equal_compute import machine_line, resolve_experiment
 from infra.progress import StopSignals, format_duration
 from experiments.structural import write_results
-from infra.timing import machine_name
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/structural",
                 study_dir="results/study",  # where experiments/study.py and finetune.py keep their checkpoints
@@ -262,7 +261,7 @@ def main():
                               {"out_dir": DEFAULTS["study_dir"]})  # --quick: the quick study's, in out-quick/
     backbone_config = dict(config, out_dir=study_dir)
     folders, identities = study_backbones(backbone_config, s["study_scale"], device, seeds)
-    data = {"scale": scale, "machine": machine_name(device), "seeds": seeds, "checkpoints": identities, "cells": [],
+    data = {"scale": scale, "machine": machine_line(device, config), "seeds": seeds, "checkpoints": identities, "cells": [],
             "rules": {f"n-gram of {sides}": best_rule(train, evaluation, s["window"], sides)
                       for sides in ("the prefix", "both sides")}}
     plan = [(name, how, mode, seed) for seed in seeds for name, how in READERS for mode in MODES]

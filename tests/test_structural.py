@@ -331,6 +331,27 @@ def test_runs_trained_in_processes_are_the_runs_one_process_trains(tmp_path):
         assert not (tmp_path / "other").exists()
 
 
+def test_a_run_that_diverges_in_its_process_ends_the_study_or_is_a_result(char_dataset, tmp_path):
+    """A run whose loss stops being finite in a process of its own: one line that ends the command, as without
+    --jobs, unless divergence is a result (the learning-rate sweep), where it is recorded and not trained again."""
+    from experiments import study
+    from experiments.equal_compute import train_all, train_in_processes
+    from infra.configurator import UserError
+    from infra.dataset import load_dataset
+    s = study.SCALES["quick"]
+    _, meta = load_dataset(char_dataset, s["block_size"], prepare_if_missing=False)
+    runs = {name: ((name, "gpt", "clm", {"learning_rate": rate, "min_lr": rate, "out_dir": str(tmp_path / name)}),
+                   (s, char_dataset, "", "cpu", meta, 1337, True), False)
+            for name, rate in (("calm", 1e-3), ("wild", 1e9))}
+    with pytest.raises(UserError, match="wild diverged"):
+        train_in_processes(runs, 2, "test")
+    outcomes, stopped = train_in_processes(runs, 2, "test", divergence_is_a_result=True)
+    assert not stopped and outcomes["calm"][0] == "trained" and outcomes["wild"][0] == "diverged"
+    trained, _ = train_all([run[0] for run in runs.values()], *runs["calm"][1], divergence_is_a_result=True,
+                           outcomes=outcomes)  # loads "calm", records "wild": nothing trains here
+    assert trained["wild"] == {"diverged": outcomes["wild"][1], "val_loss": None} and not trained["calm"]["reused"]
+
+
 def training_processes_of(pid):
     """The pids of the processes `pid` spawned to train (multiprocessing's spawn_main; not its resource tracker,
     which ends on its own after the command), from /proc."""
@@ -349,8 +370,9 @@ def training_processes_of(pid):
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the processes from /proc")
 def test_a_stop_while_processes_train_stops_them_all_and_keeps_what_finished(tmp_path):
-    """SIGTERM while --jobs=2 trains: every training process stops (none outlives the command), the command ends
-    with one line and status 130, and the runs under way keep a checkpoint (saved, not finished) for --reuse=True."""
+    """SIGTERM while --jobs=2 trains: every training process stops within seconds (none outlives the command; each
+    saves the checkpoint of the run under way, not a finished run that --reuse=True would load), and the command
+    ends with one line and status 130."""
     import signal
     import subprocess
     import sys
