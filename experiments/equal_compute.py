@@ -80,7 +80,7 @@ def train_and_evaluate_seeds(label, models, s, dataset, work, device, meta, conf
     every seed's runs train first, that many at a time (train_in_processes), and the loop loads them. A stop while
     training or evaluating ends the loop, keeping (and evaluating) the seeds whose runs all finished. Returns (runs,
     budget, interrupted), runs a list of {"seed": seed, "models": evaluate's result}."""
-    runs, t0 = [], time.perf_counter()
+    runs, t0, budget = [], time.perf_counter(), flops_budget(s, meta)
     seeds = [config["seed"] + k for k in range(s["seeds"])]
     folders = {seed: os.path.join(work, f"seed{seed}") for seed in seeds}
     outcomes, stopped = None, False
@@ -96,14 +96,14 @@ def train_and_evaluate_seeds(label, models, s, dataset, work, device, meta, conf
                                reuse=config["reuse"], outcomes=None if outcomes is None else
                                {model[0]: outcomes[f"{model[0]}, seed {seed}"] for model in models})
         if trained is None:
-            return runs, flops_budget(s, meta), True
+            return runs, budget, True
         try:
             with StopSignals(immediate=True):
                 runs.append({"seed": seed, "models": evaluate(trained)})
         except KeyboardInterrupt:
             print(f"interrupted while evaluating seed {seed}", flush=True)
-            return runs, flops_budget(s, meta), True
-    return runs, flops_budget(s, meta), stopped
+            return runs, budget, True
+    return runs, budget, stopped
 
 
 def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=False, divergence_is_a_result=False,
@@ -120,13 +120,13 @@ def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=
     what such processes made of each run ({name: (trained | reused | diverged, why)}), loaded (or, diverged,
     recorded) here without training anything.
     Returns ({name: train.train's summary + seconds and objective}, budget), or (None, budget) if interrupted."""
+    budget = flops_budget(s, meta)
     if jobs > 1 and len(models) > 1 and outcomes is None:
         outcomes, stopped = train_in_processes(
             {model[0]: (model, (s, dataset, checkpoints, device, meta, seed, quiet), reuse) for model in models}, jobs,
             "train at equal FLOPs", again, divergence_is_a_result)
         if stopped:
-            return None, flops_budget(s, meta)
-    budget = flops_budget(s, meta)
+            return None, budget
     fractions = [m[3].get("budget_fraction", 1.0) for m in models]  # a run costs its share of the budget
     trained, started, units_done = {}, time.perf_counter(), 0.0
     tokens = {}  # dataset -> fingerprint of the tokens: a run is reused only if it read the same ones
@@ -187,10 +187,15 @@ def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=
 def diverged(name, why, divergence_is_a_result):
     """A run whose loss stopped being finite: a result of its own (a learning-rate sweep), or the end of the study."""
     if not divergence_is_a_result:
-        raise UserError(f"{name} diverged: {why} (lower that model's learning rate in the experiment's settings; "
-                        f"--reuse=True keeps the runs already finished)")
+        raise UserError(divergence_message(name, why))
     print(f"{name} diverged: {why}", flush=True)
     return {"diverged": why, "val_loss": None}
+
+
+def divergence_message(name, why):
+    """The one line a run that diverged ends a study with."""
+    return (f"{name} diverged: {why} (lower that model's learning rate in the experiment's settings; --reuse=True "
+            f"keeps the runs already finished)")
 
 
 def train_in_processes(runs, jobs, label, again="--reuse=True goes on from them", divergence_is_a_result=False):
@@ -225,10 +230,7 @@ def train_in_processes(runs, jobs, label, again="--reuse=True goes on from them"
                     key, (kind, why, seconds) = reports.get(timeout=1)
                     running.pop(key).join()  # (a process that reported is in `running` until here)
                     if kind == "diverged" and not divergence_is_a_result and failed is None:
-                        try:
-                            diverged(key, why, False)
-                        except UserError as e:  # the one line a diverged run ends a study with
-                            failed = str(e)
+                        failed = divergence_message(key, why)
                     elif kind in ("trained", "reused", "diverged"):
                         outcomes[key] = (kind, why)
                         if kind == "trained":
