@@ -34,8 +34,9 @@ The CPU preset is sized by its control: learning the parent lookup is a sudden c
 step in each seed. With 30 letters it came in every seed at 12,000 gpt iterations and in two of three at 4,000 (20
 letters: one of three at 12,000, every seed at 24,000); on three other seeds and graphs (--seed=1340) at 12,000, in
 two of three. results/structural/planning-cpu-control-sweep.md has these, 21 other settings tried at about 4,000,
-and a learning rate held at 1.5e-3 (structural.SETTINGS: 3e-3 decaying), which solved five seeds of six at 6,000
-iterations: as reliable at half the cost, and missing another seed.
+and a learning rate held at 1.5e-3 (not the committed settings, which decay 3e-3 to 3e-4): at 6,000 iterations,
+half the FLOPs, it solved as many seeds as the preset (five of six) but missed a different one (1338, which the
+preset solved).
 """
 import os
 import sys
