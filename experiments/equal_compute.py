@@ -27,6 +27,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import queue
+import re
 import signal
 import threading
 import time
@@ -204,8 +205,10 @@ def train_in_processes(runs, jobs, label, again="--reuse=True goes on from them"
     Returns (outcomes, stopped): outcomes {key: (trained | reused | diverged, why)} for the runs that finished,
     which train_all(outcomes=...) then loads. Ctrl-C or SIGTERM stops every process as train.py stops; the runs
     that finished are kept (--reuse=True loads them), a run stopped mid-way trains again; a second signal kills
-    the processes at once. The processes print nothing: this one prints the progress. An error in one, or a
-    divergence that is not a result (divergence_is_a_result as train_all's), stops them all with its message."""
+    the processes at once. The processes print nothing: this one prints the progress, with the time left estimated
+    from the runs finished or, before any has, from how far the runs under way say they are (ShareReports). An
+    error in one, or a divergence that is not a result (divergence_is_a_result as train_all's), stops them all with
+    its message."""
     context = multiprocessing.get_context("spawn")  # not fork: a forked OpenMP runtime can hang
     jobs = min(jobs, len(runs))
     threads = max(1, torch.get_num_threads() // jobs)
@@ -213,6 +216,7 @@ def train_in_processes(runs, jobs, label, again="--reuse=True goes on from them"
     units = {key: run[0][3].get("budget_fraction", 1.0) for key, run in runs.items()}  # a run's share of the budget
     waiting, running, begun, outcomes, failed = list(runs), {}, {}, {}, None
     trained_units = trained_seconds = 0.0  # what the runs trained here cost: the time left is estimated from them
+    shares = {}  # key -> the share of its FLOPs budget a run under way has done, as its process last said
     started = last_line = time.perf_counter()
     print(f"[{label}] {len(runs)} training runs, {jobs} at a time, each in a process of {threads} thread(s)",
           flush=True)
@@ -227,16 +231,20 @@ def train_in_processes(runs, jobs, label, again="--reuse=True goes on from them"
                     process.start()
                     begun[key] = time.perf_counter()
                 try:
-                    key, (kind, why, seconds) = reports.get(timeout=1)
-                    running.pop(key).join()  # (a process that reported is in `running` until here)
-                    if kind == "diverged" and not divergence_is_a_result and failed is None:
-                        failed = divergence_message(key, why)
-                    elif kind in ("trained", "reused", "diverged"):
-                        outcomes[key] = (kind, why)
-                        if kind == "trained":
-                            trained_units, trained_seconds = trained_units + units[key], trained_seconds + seconds
-                    elif kind == "error" and failed is None:
-                        failed = f"training {key}: {why}"
+                    key, (kind, why) = reports.get(timeout=1)
+                    if kind == "progress":  # a run under way: how far it is (no outcome yet)
+                        shares[key] = why
+                    else:
+                        running.pop(key).join()  # (a process that reported is in `running` until here)
+                        if kind == "diverged" and not divergence_is_a_result and failed is None:
+                            failed = divergence_message(key, why)
+                        elif kind in ("trained", "reused", "diverged"):
+                            outcomes[key] = (kind, why)
+                            if kind == "trained":  # its process's whole life: starting it costs time too
+                                trained_units += units[key]
+                                trained_seconds += time.perf_counter() - begun[key]
+                        elif kind == "error" and failed is None:
+                            failed = f"training {key}: {why}"
                 except queue.Empty:  # a process that ended without a word (killed from outside, out of memory); one
                     for key, process in list(running.items()):  # that reported has its word in the queue already
                         if process.exitcode is not None and reports.empty():
@@ -251,8 +259,9 @@ def train_in_processes(runs, jobs, label, again="--reuse=True goes on from them"
                 now = time.perf_counter()
                 if now - last_line >= 10:
                     last_line, left = now, float("nan")
-                    if trained_units:  # seconds per unit of budget, in one process; the runs under way part done
-                        rate = trained_seconds / trained_units
+                    rate = trained_seconds / trained_units if trained_units else under_way_rate(  # seconds per
+                        {key: (now - begun[key], units[key] * shares[key]) for key in running if shares.get(key)})
+                    if rate:  # unit of budget, in one process; the runs under way part done
                         under_way = [max(0.0, units[key] * rate - (now - begun[key])) for key in running]
                         work = sum(units[key] for key in waiting) * rate + sum(under_way)
                         left = max([work / jobs] + under_way)
@@ -270,17 +279,42 @@ def train_in_processes(runs, jobs, label, again="--reuse=True goes on from them"
     return outcomes, bool(stop)
 
 
+def under_way_rate(runs):
+    """Seconds per unit of budget from runs that have not finished: {key: (seconds since it began, units done)}
+    (before any run finishes, the time left is estimated from these); None if none has said how far it is."""
+    return sum(seconds for seconds, _ in runs.values()) / sum(done for _, done in runs.values()) if runs else None
+
+
+class ShareReports:
+    """A training process's stdout: nothing is printed; the share of its FLOPs budget that a quiet run prints every
+    few seconds ("(P% of its FLOPs budget)", infra/run_control.py) goes to the parent as (key, ("progress", P/100)),
+    which estimates the time left from it before any run has finished."""
+    SHARE = re.compile(r"\((\d+)% of its FLOPs budget\)")
+
+    def __init__(self, key, reports):
+        self.key, self.reports = key, reports
+
+    def write(self, text):
+        found = self.SHARE.search(text)
+        if found:
+            self.reports.put((self.key, ("progress", int(found[1]) / 100)))
+        return len(text)
+
+    def flush(self):
+        pass
+
+
 def train_one(key, model, arguments, reuse, threads, reports):
-    """One run of train_in_processes, in a process of its own: (key, (what train_all made of it, why, seconds)) on
-    `reports`.
+    """One run of train_in_processes, in a process of its own: (key, (what train_all made of it, why)) on
+    `reports`, and (key, ("progress", share of its budget done)) while it trains (ShareReports).
     Only SIGTERM stops it: the parent sends one at a Ctrl-C (which a terminal sends to every process of the
     command: the parent alone answers it), and the process sends itself one if the parent is gone."""
-    outcome, parent, started = ("stopped", ""), multiprocessing.parent_process(), time.perf_counter()
+    outcome, parent = ("stopped", ""), multiprocessing.parent_process()
     try:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # this thread's, and every thread's it starts
         threading.Thread(target=stop_when_gone, args=(parent.sentinel,), daemon=True).start()
         torch.set_num_threads(threads)
-        with open(os.devnull, "w") as nowhere, contextlib.redirect_stdout(nowhere), StopSignals(immediate=True):
+        with contextlib.redirect_stdout(ShareReports(key, reports)), StopSignals(immediate=True):
             trained, _ = train_all([model], *arguments, reuse=reuse, divergence_is_a_result=True)
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # done: a stop now must not lose the report
         result = {} if trained is None else trained[model[0]]
@@ -293,7 +327,7 @@ def train_one(key, model, arguments, reuse, threads, reports):
     except BaseException:  # noqa: B902  (the parent says it in one line and stops the others)
         outcome = ("error", traceback.format_exc(limit=-3).strip().splitlines()[-1])
     if parent.is_alive():
-        reports.put((key, (*outcome, time.perf_counter() - started)))
+        reports.put((key, outcome))
 
 
 def stop_when_gone(sentinel):

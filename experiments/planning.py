@@ -31,12 +31,9 @@ slots by unmasking, each in three orders (inference only, the same model): the m
 margin between the top two probabilities first (Kim et al. 2025), random.
 
 The CPU preset is sized by its control: learning the parent lookup is a sudden change that comes at a different
-step in each seed. With 30 letters it came in every seed at 12,000 gpt iterations and in two of three at 4,000 (20
-letters: one of three at 12,000, every seed at 24,000); on three other seeds and graphs (--seed=1340) at 12,000, in
-two of three. results/structural/planning-cpu-control-sweep.md has these, 21 other settings tried at about 4,000,
-and a learning rate held at 1.5e-3 (not the committed settings, which decay 3e-3 to 3e-4): at 6,000 iterations,
-half the FLOPs, it solved as many seeds as the preset (five of six) but missed a different one (1338, which the
-preset solved).
+step in each seed, and some seeds come late at any setting tried. The preset (30 letters, 12,000 gpt iterations) is
+where it came in every default seed; results/structural/planning-cpu-control-sweep.md has the settings tried and
+the seeds each one solved, other seeds included.
 """
 import os
 import sys

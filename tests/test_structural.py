@@ -352,6 +352,19 @@ def test_a_run_that_diverges_in_its_process_ends_the_study_or_is_a_result(char_d
     assert trained["wild"] == {"diverged": outcomes["wild"][1], "val_loss": None} and not trained["calm"]["reused"]
 
 
+def test_the_time_left_before_any_run_finishes_comes_from_the_runs_under_way():
+    """Seconds per unit of budget from the runs under way (how long each has trained, how much of its budget it
+    has done), and the share a training process's quiet progress line says it has done, as the parent reads it."""
+    import queue
+    from experiments.equal_compute import ShareReports, under_way_rate
+    assert under_way_rate({"a": (30.0, 0.5), "b": (10.0, 0.5)}) == 40.0 and under_way_rate({}) is None
+    reports = queue.Queue()
+    out = ShareReports("gpt, seed 1337", reports)
+    out.write("  iteration 120 (37% of its FLOPs budget): loss 2.3, ~40 s left in this run\n")
+    out.write("iter 120: loss 2.3\n")
+    assert reports.get_nowait() == ("gpt, seed 1337", ("progress", 0.37)) and reports.empty()
+
+
 def training_processes_of(pid):
     """The pids of the processes `pid` spawned to train (multiprocessing's spawn_main; not its resource tracker,
     which ends on its own after the command), from /proc."""
@@ -372,19 +385,24 @@ def training_processes_of(pid):
 def test_a_stop_while_processes_train_stops_them_all_and_keeps_what_finished(tmp_path):
     """SIGTERM while --jobs=2 trains: every training process stops within seconds (none outlives the command; each
     saves the checkpoint of the run under way, not a finished run that --reuse=True would load), and the command
-    ends with one line and status 130."""
+    ends with one line and status 130. Before that, while no run has finished, the progress line already says how
+    long is left (from how far the runs under way say they are)."""
     import signal
     import subprocess
     import sys
     import time
     from conftest import ROOT
-    process = subprocess.Popen([sys.executable, os.path.join(ROOT, "experiments/reversal.py"), "--quick",
-                                f"--out_dir={tmp_path}", "--jobs=2", "--budget=600"], cwd=ROOT, text=True,
+    process = subprocess.Popen([sys.executable, os.path.join(ROOT, "experiments/planning.py"), "--quick",
+                                f"--out_dir={tmp_path}", "--jobs=2", "--budget=1000"], cwd=ROOT, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     for line in process.stdout:
         if "training runs, 2 at a time" in line:
             break
-    time.sleep(15)  # both processes are training (a run here takes about a minute)
+    line = ""
+    for line in process.stdout:  # both processes train (a run takes half a minute or more) and have said how far
+        if "runs finished" in line and "~? left" not in line:
+            break
+    assert line.startswith("[planning] 0/7 runs finished, 2 training") and "left" in line, line
     workers = training_processes_of(process.pid)
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
