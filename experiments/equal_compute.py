@@ -231,20 +231,20 @@ def train_in_processes(runs, jobs, label, again="--reuse=True goes on from them"
                     process.start()
                     begun[key] = time.perf_counter()
                 try:
-                    key, (kind, why) = reports.get(timeout=1)
-                    if kind == "progress":  # a run under way: how far it is (no outcome yet)
-                        shares[key] = why
+                    key, (kind, said) = reports.get(timeout=1)  # said: why (an outcome), or how far (progress)
+                    if kind == "progress":  # a run under way: the share of its budget done (no outcome yet)
+                        shares[key] = said
                     else:
                         running.pop(key).join()  # (a process that reported is in `running` until here)
                         if kind == "diverged" and not divergence_is_a_result and failed is None:
-                            failed = divergence_message(key, why)
+                            failed = divergence_message(key, said)
                         elif kind in ("trained", "reused", "diverged"):
-                            outcomes[key] = (kind, why)
+                            outcomes[key] = (kind, said)
                             if kind == "trained":  # its process's whole life: starting it costs time too
                                 trained_units += units[key]
                                 trained_seconds += time.perf_counter() - begun[key]
                         elif kind == "error" and failed is None:
-                            failed = f"training {key}: {why}"
+                            failed = f"training {key}: {said}"
                 except queue.Empty:  # a process that ended without a word (killed from outside, out of memory); one
                     for key, process in list(running.items()):  # that reported has its word in the queue already
                         if process.exitcode is not None and reports.empty():
@@ -259,9 +259,11 @@ def train_in_processes(runs, jobs, label, again="--reuse=True goes on from them"
                 now = time.perf_counter()
                 if now - last_line >= 10:
                     last_line, left = now, float("nan")
-                    rate = trained_seconds / trained_units if trained_units else under_way_rate(  # seconds per
+                    # seconds per unit of budget in one process: from the runs finished, or, before any has, from
+                    # the runs under way
+                    rate = trained_seconds / trained_units if trained_units else under_way_rate(
                         {key: (now - begun[key], units[key] * shares[key]) for key in running if shares.get(key)})
-                    if rate:  # unit of budget, in one process; the runs under way part done
+                    if rate:  # what is left: the runs waiting, and what the runs under way have not done yet
                         under_way = [max(0.0, units[key] * rate - (now - begun[key])) for key in running]
                         work = sum(units[key] for key in waiting) * rate + sum(under_way)
                         left = max([work / jobs] + under_way)
