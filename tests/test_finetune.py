@@ -1,7 +1,6 @@
 """Fine-tuning (finetune.py, tasks.py; claims B2, E3, F3, X1): the tasks do not leak, the probe leaves the
 backbone untouched, each pooling reads what it says, and the command fails in one line."""
 import json
-import os
 
 import numpy as np
 import pytest

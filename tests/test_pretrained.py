@@ -112,13 +112,19 @@ PUBLISHED = {
 }
 
 
+HEAD_MODELS = {"gpt2": "GPT2LMHeadModel", "bert": "BertForMaskedLM", "t5": "T5ForConditionalGeneration"}
+
+
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_full_size_parameter_counts_are_the_published_ones(name):
+    """Claim B3 (BERT-base: about 110M): our modules built from each published config hold exactly the parameters
+    of transformers' model of that config (counted here too, not only written down)."""
     count, make_config = PUBLISHED[name]
     hf_config = make_config()
     with torch.device("meta"):  # shapes only, no memory
         model = Transformer(pretrained.FAMILIES[hf_config.model_type][0](hf_config))
-    assert model.num_parameters() == count
+        theirs = getattr(transformers, HEAD_MODELS[hf_config.model_type])(hf_config)
+    assert model.num_parameters() == count == sum(p.numel() for p in theirs.parameters())  # a tied tensor once
 
 
 def test_defaults_unchanged_by_the_pretrained_options():
