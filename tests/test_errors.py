@@ -1,4 +1,4 @@
-"""Bad input ends with one line on stderr, exit status 2, no traceback, nothing written (issue: reliability)."""
+"""Bad input ends with one line on stderr, exit status 2, no traceback, nothing written."""
 import os
 import shutil
 import sys

@@ -149,7 +149,8 @@ def test_the_chapter_core_imports_no_infrastructure(module):
 
 def test_every_headline_number_of_the_readme_is_in_its_result_file():
     """The README's "What was measured" table quotes committed results: each number of a row (e.g. 6.90x,
-    2.559 +- 0.021, 49.1 +- 0.5%) must appear, whole, in the result file that row links to."""
+    2.559 +- 0.021, 49.1 +- 0.5%) must appear, whole and to the file's own digits, in the result file that row
+    links to."""
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     table = readme.split("## What was measured", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in table.splitlines() if line.startswith("| ") and "](" in line]
@@ -163,7 +164,7 @@ def test_every_headline_number_of_the_readme_is_in_its_result_file():
         for number in re.findall(r"\d+(?:\.\d+)?(?: \+- \d+(?:\.\d+)?)?(?:%|x)?", headline):
             if re.fullmatch(r"\d{1,3}", number) and "." not in number:
                 continue  # counts and sizes of the setting (16 requests, context 255, 3 TFLOP), not results
-            value = number.replace("%", "").rstrip("x")  # whole: "2.2" is not in "12.2" nor in "2.25"
-            if not re.search(r"(?<![\d.])" + re.escape(value) + r"(?![\d]|\.\d)", files):
+            value = number.replace("%", "").rstrip("x")  # whole: "2.2" is not in "12.2", "2.25" nor "2.2e-3"
+            if not re.search(r"(?<![\d.])" + re.escape(value) + r"(?![\d]|\.\d|e[-+]?\d)", files):
                 missing.append(f"{cells[0]}: {number}")
     assert not missing, missing

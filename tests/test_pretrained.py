@@ -1,4 +1,4 @@
-"""Published checkpoints load into the project's own modules exactly (issue 17): tiny random GPT-2, BERT and T5
+"""Published checkpoints load into the project's own modules exactly: tiny random GPT-2, BERT and T5
 built with `transformers` and saved with save_pretrained give the same logits and the same greedy generations in
 our Transformer; the full-size configs have exactly the published parameter counts; offline, a hub name fails
 with one line. Skipped where transformers is not installed (.ci/run installs it)."""

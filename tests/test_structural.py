@@ -391,29 +391,37 @@ def test_a_stop_while_processes_train_stops_them_all_and_keeps_what_finished(tmp
     import subprocess
     import sys
     import time
-    from conftest import ROOT
+    from conftest import HANG_TIMEOUT, ROOT
+    runs = planning.SCALES["cpu"]["seeds"] * len(planning.MODEL_NAMES)
+    # the cpu scale, on the CPU: a run takes minutes on any machine, so no run can finish before the first estimate
+    # (a quick run can: 20 s on a fast one) and the stop below always comes mid-way
     process = subprocess.Popen([sys.executable, os.path.join(ROOT, "experiments/planning.py"), f"--out_dir={tmp_path}",
-                                "--jobs=2"], cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    # the cpu scale: a run takes minutes on any machine, so no run can finish before the first estimate (a quick
-    # run can: 20 s on a fast one) and the stop below always comes mid-way
-    for line in process.stdout:
-        if "training runs, 2 at a time" in line:
-            break
-    line = ""
-    for line in process.stdout:  # both processes train and have said how far
-        if "runs finished" in line and "~? left" not in line:
-            break
-    assert line.startswith("[planning] 0/21 runs finished, 2 training") and "left" in line, line
-    workers = training_processes_of(process.pid)
-    process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=120)
+                                "--jobs=2", "--device=cpu"], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    try:
+        deadline = time.perf_counter() + HANG_TIMEOUT  # (a progress line comes every 10 s: the loops see it)
+        for line in process.stdout:
+            if "training runs, 2 at a time" in line or time.perf_counter() > deadline:
+                break
+        line = ""
+        for line in process.stdout:  # a process trains and has said how far
+            if "runs finished" in line and "~? left" not in line or time.perf_counter() > deadline:
+                break
+        assert line.startswith(f"[planning] 0/{runs} runs finished, 2 training") and "left" in line, line
+        workers = training_processes_of(process.pid)
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=HANG_TIMEOUT)
+    finally:  # a failed assertion must not leave the study training (its processes stop when it is gone)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
     assert process.returncode == 130 and "Traceback" not in stderr, stderr[-2000:]
     assert "--reuse=True" in stderr and len(workers) == 2
     time.sleep(1)
     assert not {pid for pid in workers if os.path.exists(f"/proc/{pid}")}  # none outlived the command
     saved = list(tmp_path.glob("checkpoints/*/seed*/ckpt.pt"))
     finished = list(tmp_path.glob("checkpoints/*/seed*/study_run.json"))
-    assert len(finished) < len(saved) < 21  # a run was stopped mid-way (saved, not finished), and not all ran
+    assert len(finished) < len(saved) < runs  # a run was stopped mid-way (saved, not finished), and not all ran
 
 
 def test_a_synthetic_dataset_written_the_same_again_is_left_alone(tmp_path, monkeypatch):
