@@ -190,9 +190,10 @@ def start_sequence(model, prompt, num_samples, start_token):
 
 def slide_window(length, window_start, block_size):
     """The context is sequence[window_start:length]. When it no longer fits, both samplers slide the same way:
-    keep the last block_size // 2 tokens (for prefixlm they become the new prefix), so that the cached and the
-    recomputing sampler see identical contexts and must pick identical tokens. Returns the new window start."""
-    return length - block_size // 2 if length - window_start > block_size else window_start
+    keep the last block_size // 2 tokens (for prefixlm they become the new prefix; one at least), so that the cached
+    and the recomputing sampler see identical contexts and must pick identical tokens. Returns the new window
+    start."""
+    return length - max(1, block_size // 2) if length - window_start > block_size else window_start
 
 
 def encoder_rows(encoder_inputs, lengths, rows):
@@ -342,15 +343,17 @@ def iterative_unmask(model, prompt, num_new, steps, mask_id, num_samples=1, temp
                      order="confident", block_length=0, generator=None, banned=None, stop=None):
     """bert's generation (mask-predict; the standard sampler of masked diffusion): append num_new [MASK]s after the
     prompt and fill them with `unmask` over `steps` passes. With block_length > 0 the masks are filled block by
-    block, left to right (semi-autoregressive), the steps split evenly between blocks. Returns (tokens, passes)."""
+    block, left to right (semi-autoregressive), the steps split between blocks as evenly as they go (the first
+    blocks take the remainder; a block takes one pass at least, so there are max(steps, blocks) passes).
+    Returns (tokens, passes)."""
     if steps < 1:
         raise ValueError("steps must be at least 1")
     P = prompt.size(1)
     x = torch.cat([prompt, torch.full((1, num_new), mask_id, device=prompt.device)], dim=1).repeat(num_samples, 1)
     block_length = block_length or num_new
     blocks = [(s, min(s + block_length, P + num_new)) for s in range(P, P + num_new, block_length)]
-    passes = 0
-    for region in blocks:
-        passes += unmask(model, x, max(1, steps // len(blocks)), mask_id, temperature, top_k, order, generator,
-                         banned, stop, region)
+    passes, (share, remainder) = 0, divmod(steps, len(blocks))
+    for number, region in enumerate(blocks):
+        passes += unmask(model, x, max(1, share + (number < remainder)), mask_id, temperature, top_k, order,
+                         generator, banned, stop, region)
     return x, passes

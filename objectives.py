@@ -126,6 +126,8 @@ def diffusion(windows, specials, generator, arch="bert", eps=1e-3, rate=None):
     x = windows[:, :-1]
     B, T = x.shape
     if rate is not None:
+        if not 0 < rate <= 1:  # the 1/t weight: t = 0 would divide by zero
+            raise ValueError(f"diffusion's masking rate must be in (0, 1], got {rate}")
         t = torch.full((B, 1), float(rate))
     else:  # stratified over the batch (MDLM's low-discrepancy sampler): same expectation, less gradient noise
         u = (torch.rand(1, generator=generator) + torch.arange(B)[:, None] / B) % 1.0
@@ -260,6 +262,8 @@ UL2_DENOISERS = {  # name: (mode, mean span, noise density); S is prefix LM
 def ul2_example(tokens, name, specials, generator, arch, budget):
     """One example through one UL2 denoiser; the source starts with the denoiser's mode token. `tokens` holds at
     least budget + 1 ids; span lengths adapt to what fits in `budget` positions (never an empty span)."""
+    if budget < 2:
+        raise ValueError("a UL2 example needs a budget of at least 2 positions (the mode token and a token)")
     mode, mean_span, density = UL2_DENOISERS[name]
     if mode != "S":
         L = fitting_text_length(budget, arch, density, mean_span, len(specials.sentinels), extra_source_tokens=1)

@@ -65,25 +65,23 @@ def generate_left_to_right(model, ids, objective, specials, config, generator, s
     settings = dict(max_new_tokens=config["max_new_tokens"], num_samples=config["num_samples"],
                     temperature=config["temperature"], top_k=config["top_k"] or None, generator=generator,
                     use_cache=not config["no_cache"], stop=stop, compiled=config["compile"])
+    # what the model reads first is laid out as in training: after span corruption (t5, or prefixlm's flattened
+    # copy of it, claim A2) the text ends in a masked span, <S0> [EOS], which the model fills (its sentinels
+    # allowed); UL2's sequential denoiser reads [S2S] first; otherwise the text itself
+    source, banned = ids, all_specials
+    if objective == "span_corruption":
+        source = ids + [specials.sentinels[0], specials.eos]
+        banned = torch.tensor([specials.pad, specials.mask, *specials.modes.values()], device=device)
+    elif objective == "ul2":
+        source = [specials.modes["S"]] + ids
     if model.config.arch == "t5":
-        # what the encoder reads depends on how it was trained: span filling, UL2's [S2S] mode, or a prefix
-        if objective == "span_corruption":
-            source = ids + [specials.sentinels[0], specials.eos]
-            banned = torch.tensor([specials.pad, specials.mask, *specials.modes.values()], device=device)
-        elif objective == "ul2":
-            source, banned = [specials.modes["S"]] + ids, all_specials
-        else:
-            source, banned = ids, all_specials
         tokens = generate(model, None, encoder_inputs=torch.tensor([source], device=device),
                           start_token=specials.pad, banned=banned, **settings)
         how = "encoder + decoder recomputed per token" if config["no_cache"] else "encoder once, cached decoder"
         return [row[1:] for row in tokens.tolist()], (how + COMPILED_NOTE if config["compile"] else how)
-    prompt = ids
-    if objective == "ul2":  # UL2's sequential denoiser reads [S2S] first
-        prompt = [specials.modes["S"]] + ids
-    tokens = generate(model, torch.tensor([prompt], device=device), banned=all_specials, **settings)
+    tokens = generate(model, torch.tensor([source], device=device), banned=banned, **settings)
     how = "full recomputation per token" if config["no_cache"] else "KV cache (one shared prefill, one position per step)"
-    return [row[len(prompt):] for row in tokens.tolist()], (how + COMPILED_NOTE if config["compile"] else how)
+    return [row[len(source):] for row in tokens.tolist()], (how + COMPILED_NOTE if config["compile"] else how)
 
 
 def generate_by_unmasking(model, ids, specials, config, generator, stop):
@@ -121,13 +119,9 @@ def check_sample_config(config, arch, prompt_tokens, block_size, objective):
     if arch == "bert" and config["no_cache"]:
         raise UserError("--no_cache does not apply to bert: it has no cache to turn off (claim D4), every pass "
                         "recomputes the whole sequence")
-    extra = 0  # tokens sample.py adds to the prompt: UL2's mode token, or t5's sentinel and [EOS]
-    if objective == "ul2":
-        extra = 1
-    elif arch == "t5" and objective == "span_corruption":
-        extra = 2
+    extra = {"ul2": 1, "span_corruption": 2}.get(objective, 0)  # added: UL2's mode token; a sentinel and [EOS]
     if prompt_tokens + extra > block_size:
-        added = {1: " + UL2's mode token", 2: " + t5's sentinel and [EOS]"}.get(extra, "")
+        added = {1: " + UL2's mode token", 2: " + the sentinel and [EOS] of span corruption"}.get(extra, "")
         raise UserError(f"the prompt has {prompt_tokens} tokens{added}, but the model's context is {block_size}: "
                         f"shorten it")
     if arch == "bert" and prompt_tokens + config["max_new_tokens"] > block_size:
@@ -183,7 +177,7 @@ def main():
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     for row in new_tokens:
-        if arch == "t5":
+        if arch == "t5" or objective == "span_corruption":  # what fills the span, up to its [EOS]
             print(text + " => " + tokenizer.decode(row).split("[EOS]")[0])
         else:
             print(text + tokenizer.decode(row))

@@ -71,6 +71,17 @@ def test_greedy_generation_identical_with_and_without_cache(arch):
     assert cached.size(1) >= 120 and torch.equal(cached, full)
 
 
+@pytest.mark.parametrize("block_size", [1, 2, 3])
+def test_the_window_slides_at_the_smallest_block_sizes(block_size):
+    """A window of one token still keeps one token when it slides (half of it, rounded down, would be none)."""
+    model = Transformer(ModelConfig(arch="prefixlm", vocab_size=20, block_size=block_size, n_layer=1, n_head=1,
+                                    n_embd=8)).eval()
+    prompt = torch.tensor([[3]])
+    cached = kvcache.generate(model, prompt, 6, temperature=0)
+    assert cached.shape == (1, 7) and torch.equal(cached, kvcache.generate(model, prompt, 6, temperature=0,
+                                                                           use_cache=False))
+
+
 COMPILED_TOL = 1e-4  # compiled kernels fuse and reorder float32 arithmetic: equal up to rounding, not bitwise
 
 
@@ -179,7 +190,9 @@ def test_mask_predict_fills_every_mask():
             tokens, passes = kvcache.iterative_unmask(model, prompt, 20, 8, mask_id=39, num_samples=3, order=order,
                                               block_length=block_length, banned=torch.tensor([39]))
             assert (tokens != 39).all() and torch.equal(tokens[:, :8], prompt.expand(3, -1))
-            assert passes <= 8
+            assert passes == 8
+    for steps, passes_made in ((7, 7), (2, 4)):  # 4 blocks of 5: 2, 2, 2, 1 passes; one each when too few
+        assert kvcache.iterative_unmask(model, prompt, 20, steps, mask_id=39, block_length=5)[1] == passes_made
 
 
 def test_the_cache_is_static_and_decoding_never_reallocates_it():

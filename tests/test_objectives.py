@@ -118,6 +118,33 @@ def test_span_corruption_batches_fit_the_block(specials, arch):
         assert b.prefix_length is not None and b.decoder_inputs is None
 
 
+@pytest.mark.parametrize("arch", ["t5", "prefixlm"])
+def test_sampling_after_span_corruption_asks_in_the_layout_training_wrote(specials, meta, arch, monkeypatch):
+    """Claim F1 (and A2: prefixlm trains on t5's layout flattened): what a span-corruption model reads ends with
+    a sentinel and [EOS] (t5's encoder input, prefixlm's prefix), and what it writes first is <S0>. sample.py asks
+    it to continue a text in that layout, the text followed by <S0> [EOS], with the sentinels it writes allowed."""
+    import sample
+    from model import ModelConfig, Transformer
+    b = objectives.span_corruption(windows_of(8, 32, specials), specials, torch.Generator().manual_seed(0), arch)
+    ends = (b.lengths if b.lengths is not None else torch.full((8,), b.inputs.size(1))) if arch == "t5" \
+        else b.prefix_length
+    last = b.inputs[torch.arange(8), ends - 1]
+    first_written = b.targets[:, 0] if arch == "t5" else b.targets[torch.arange(8), ends - 1]
+    assert (last == specials.eos).all() and (first_written == specials.sentinels[0]).all()
+    asked = {}
+
+    def generate(model, prompt, encoder_inputs=None, banned=None, **settings):
+        asked.update(source=(encoder_inputs if arch == "t5" else prompt)[0].tolist(), banned=banned.tolist())
+        return torch.zeros((1, 4), dtype=torch.long)
+
+    monkeypatch.setattr(sample, "generate", generate)
+    model = Transformer(ModelConfig(arch=arch, vocab_size=meta["vocab_size"], block_size=32, n_layer=1,
+                                    n_decoder_layer=int(arch == "t5"), n_head=2, n_embd=16))
+    sample.generate_left_to_right(model, [5, 6, 7], "span_corruption", specials, dict(sample.DEFAULTS), None, None)
+    assert asked["source"] == [5, 6, 7, specials.sentinels[0], specials.eos]
+    assert not set(specials.sentinels) & set(asked["banned"]) and specials.mask in asked["banned"]
+
+
 def test_prefix_lm_supervises_the_suffix_only(specials):
     T = 32
     w = windows_of(64, T, specials)

@@ -82,6 +82,8 @@ def test_short_windows_never_crash_or_produce_empty_spans(specials, arch):
                     assert not spans and len(target) >= 1  # a continuation, never empty
                 else:
                     assert spans and all(len(span) >= 1 for span in spans), (name, T, target)
+    with pytest.raises(ValueError, match="at least 2 positions"):  # not even the mode token and one token
+        objectives.ul2_example(windows_of(1, 2, specials)[0], "R-3", specials, g, arch, 1)
 
 
 # ----------------------------------------------------------------------------- masked diffusion
@@ -94,6 +96,8 @@ def test_diffusion_masking_rate_and_weights(specials):
         assert abs(masked.float().mean().item() - rate) < 0.005
         assert torch.equal(masked, b.targets != IGNORE_INDEX)  # only [MASK], no 80/10/10
         assert torch.allclose(b.loss_weights[masked], torch.tensor(1 / rate)) and (b.loss_weights[~masked] == 0).all()
+    with pytest.raises(ValueError, match=r"in \(0, 1\]"):  # t = 0: the 1/t weight would be 0/0
+        objectives.diffusion(w, specials, torch.Generator().manual_seed(0), rate=0)
     t = objectives.diffusion(w, specials, torch.Generator().manual_seed(0))
     rates = (t.inputs == specials.mask).float().mean(dim=1)
     assert rates.min() < 0.1 and rates.max() > 0.9  # t ~ U(eps, 1) per sequence
