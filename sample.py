@@ -160,6 +160,8 @@ def main():
     if not text:
         raise UserError("the prompt is empty: pass --start=<text> (or FILE:path)")
     ids = tokenizer.encode(text)
+    if not ids:  # a published tokenizer may drop what it has no token for (a lone newline, for BERT's)
+        raise UserError(f"the prompt {text!r} encodes to no tokens: pass --start=<some text> (or FILE:path)")
     check_sample_config(config, arch, len(ids), model.config.block_size, objective)
     check_memory(model, config, len(ids))
     torch.manual_seed(config["seed"])

@@ -396,6 +396,10 @@ def test_fine_tune_published_bert_and_t5_in_their_own_tokens(family, tmp_path, c
                          "--num_samples=1", *extra)
     assert sampled.returncode == 0, sampled.stderr[-2000:]
     assert sampled.stdout.startswith("the king") and f"{family} (" in sampled.stdout
+    # the default prompt, a newline, is no token of theirs: one line that says so, not a crash
+    nothing = run_script("sample.py", f"--out_dir={tmp_path / 'out'}", "--start=\n", "--max_new_tokens=4", *extra)
+    assert nothing.returncode == 2 and "encodes to no tokens" in nothing.stderr, nothing.stderr[-2000:]
+    assert len(nothing.stderr.strip().splitlines()) == 1
 
 
 def test_published_fine_tuning_refuses_a_wrong_arch_or_dataset_in_one_line(tmp_path, char_dataset):
