@@ -143,8 +143,12 @@ def fill_slots(model, prompts, slots, specials, stoi, order="confident", after="
     else:  # t5: the slots become one span, <S0>, in the encoder's input; the decoder writes the span
         start, end = slots[0], slots[-1] + 1
         sentinel = torch.full((len(prompts), 1), specials.sentinels[0], device=device)
-        eos = torch.full((len(prompts), 1), specials.eos, device=device)
-        encoder = torch.cat([ids[:, :start], sentinel, ids[:, end:] if not suffix else ids[:, P:], tail, eos], dim=1)
+        # every source span corruption makes ends with a span (its last sentinel, then [EOS]): so does this one,
+        # <S1> after the right context, as in training; only <S0>'s span is read
+        last_span = torch.full((len(prompts), 2), specials.eos, device=device)
+        last_span[:, 0] = specials.sentinels[1]
+        encoder = torch.cat([ids[:, :start], sentinel, ids[:, end:] if not suffix else ids[:, P:], tail, last_span],
+                            dim=1)
         if mode is not None:  # UL2: every source it was trained on starts with its denoiser's mode token
             encoder = torch.cat([torch.full((len(prompts), 1), mode, device=device), encoder], dim=1)
         decoder = torch.cat([torch.full((len(prompts), 1), specials.pad, device=device), sentinel], dim=1)

@@ -141,16 +141,17 @@ def ngram_rule(train, evaluation, length, left, right):
 
 
 def best_rule(train, evaluation, length, sides):
-    """The best n-gram rule that reads only the prefix (sides="the prefix") or both sides: its context sizes chosen on
-    held-out training windows (one half fitted, the other scored), then fitted on all of them and scored on
-    `evaluation`. Returns (balanced accuracy per label, (left, right))."""
+    """The best n-gram rule that reads only the prefix (sides="the prefix") or both sides, for each label: its
+    context sizes chosen on held-out training windows (one half fitted, the other scored), then fitted on all of
+    them and scored on `evaluation`. Returns (balanced accuracy per label, (left, right) per label)."""
     text, starts, y = train
     half = len(starts) // 2
     first, second = (text, starts[:half], y[:, :half]), (text, starts[half:], y[:, half:])
     sizes = [(n, 0) for n in range(0, 7)] if sides == "the prefix" else [(n, m) for n in range(0, 4) for m in range(1, 4)]
-    tuned = {size: np.mean(ngram_rule(first, second, length, *size)) for size in sizes}
-    size = max(tuned, key=tuned.get)
-    return ngram_rule(train, evaluation, length, *size), size
+    tuned = {size: ngram_rule(first, second, length, *size) for size in sizes}
+    chosen = [max(sizes, key=lambda size: tuned[size][label]) for label in range(len(LABELS))]  # each label its own
+    scored = {size: ngram_rule(train, evaluation, length, *size) for size in set(chosen)}
+    return [scored[size][label] for label, size in enumerate(chosen)], chosen
 
 
 # ----------------------------------------------------------------------------- a reader and its head
@@ -234,9 +235,10 @@ def report(data, s, scale):
                 lines.append(f"| {reader} | {mode} | " + " | ".join(
                     plus_minus([c["balanced accuracy"][k] for c in cells], 1, percent=True)
                     for k in range(len(LABELS))) + " |")
-    for rule, (scores, size) in data["rules"].items():
-        lines.append(f"| (rule) {rule}: the character, {size[0]} to its left and {size[1]} to its right | - | "
-                     + " | ".join(f"{100 * v:.1f}%" for v in scores) + " |")
+    for rule, (scores, sizes) in data["rules"].items():  # (in brackets: the characters it reads left, right)
+        lines.append(f"| (rule) {rule}, its context chosen per label | - | "
+                     + " | ".join(f"{100 * v:.1f}% ({left} left, {right} right)" for v, (left, right) in
+                                  zip(scores, sizes)) + " |")
     lines += ["", "The prefix rule estimates the causal cap from below (a longer prefix can tell more than its "
                   "n-gram); a causal reader above it has found more in the prefix, not in the right context."]
     return "\n".join(lines)

@@ -36,6 +36,7 @@ class Oracle:
         self.answers, self.specials, self.stoi, self.slots = answers, specials, stoi, slots
         self.itos = {i: c for c, i in stoi.items()}
         self.itos[specials.sentinels[0]] = "#"
+        self.itos[specials.sentinels[1]] = "$"
         self.length = len(next(iter(answers)))  # every prompt has one length
         self.parameter = torch.nn.Parameter(torch.zeros(1))
         # t5 reads a prompt with its slots replaced by one sentinel, "#" here
@@ -88,8 +89,9 @@ class Oracle:
             key = self.text(source)[:self.source_length]
             answer = self.by_encoder[key]
             prompt = next(p for p, a in zip(self.answers, self.by_encoder) if a == key)
-            if prompt in self.afters:  # the right context follows the sentinel, then EOS (read as "?")
-                assert self.text(source)[self.source_length:] == self.afters[prompt] + "?", self.text(source)
+            assert self.text(source).endswith("$?"), self.text(source)  # <S1> [EOS]: a source ends with a span
+            if prompt in self.afters:  # the right context follows the sentinel, then <S1> and EOS (read as "?")
+                assert self.text(source)[self.source_length:] == self.afters[prompt] + "$?", self.text(source)
             if len(written) - 2 < len(answer):  # [PAD] <S0>, then the span
                 out.append(((row, len(written) - 1), answer[len(written) - 2]))
         return self.peaked(decoder.shape, out)
@@ -229,10 +231,20 @@ def test_the_both_sides_rule_reads_a_word_end_and_the_prefix_rule_cannot():
     rng = np.random.default_rng(7)
     train = (text, *tagging.windows_of(text, 300, 16, rng))
     evaluation = (text, *tagging.windows_of(text, 200, 16, rng))
-    both, size = tagging.best_rule(train, evaluation, 16, "both sides")
+    both, sizes = tagging.best_rule(train, evaluation, 16, "both sides")
     prefix, _ = tagging.best_rule(train, evaluation, 16, "the prefix")
-    assert both[0] == pytest.approx(1.0) and size[1] >= 1  # "ends a word": the next character decides
+    assert both[0] == pytest.approx(1.0) and sizes[0][1] >= 1  # "ends a word": the next character decides
     assert prefix[0] < 0.99
+
+
+def test_each_label_gets_the_rule_best_for_it(monkeypatch):
+    """The rule rows are each label's best rule: a context size that is best on average would understate a label
+    whose best rule reads another one (here: label 0 is best read with 1 character, label 1 with 3)."""
+    fake = {1: [0.9, 0.6, 0.5], 3: [0.5, 0.8, 0.5]}
+    monkeypatch.setattr(tagging, "ngram_rule", lambda first, second, length, left, right: fake.get(left, [0.5] * 3))
+    train = ("", np.arange(4), np.zeros((3, 4, 16)))
+    scores, sizes = tagging.best_rule(train, train, 16, "the prefix")
+    assert scores == [0.9, 0.8, 0.5] and sizes[:2] == [(1, 0), (3, 0)]
 
 
 def test_a_reader_whose_states_hold_the_next_character_passes_the_causal_cap(monkeypatch):
@@ -460,5 +472,12 @@ def test_a_t5_trained_with_ul2_is_asked_with_its_mode_token_first():
     fill_slots(model, [">ab:"], [4, 5], specials, stoi, mode=specials.modes["R"])
     fill_slots(model, [">ab:"], [4, 5], specials, stoi)
     assert seen[0][0, :2].tolist() == [specials.modes["R"], stoi[">"]] and seen[1][0, 0] == stoi[">"]
+    # and it ends as every source of span corruption (and of UL2's span denoisers) ends: a span, then [EOS]
+    windows = torch.randint(0, specials.num_ordinary, (64, 33), generator=torch.Generator().manual_seed(0))
+    for objective in (objectives.span_corruption, objectives.ul2):
+        for row in objective(windows, specials, torch.Generator().manual_seed(0), "t5").inputs.tolist():
+            row = [t for t in row if t != specials.pad]
+            assert row[0] == specials.modes["S"] or (row[-2] in specials.sentinels and row[-1] == specials.eos)
+    assert [ids[0, -2:].tolist() for ids in seen] == [[specials.sentinels[1], specials.eos]] * 2
     assert reversal.mode_of({"objective": "ul2"}, specials) == specials.modes["R"]
     assert reversal.mode_of({"objective": "span_corruption"}, specials) is None
