@@ -90,11 +90,19 @@ def star_graph(degree, path, nodes, rng):
     return f"{','.join(rng.permutation(edges))}/{centre}{goal_arm[-1]}=", route
 
 
+def graph_of(prompt):
+    """What a line asks, whatever the order its edges are written in: (the set of edges, start and goal)."""
+    edges, ends = prompt.rstrip("=").split("/")
+    return frozenset(edges.split(",")), ends
+
+
 def make_lines(count, s, rng, exclude=frozenset()):
+    """`count` star graphs, none of them a graph of `exclude` (graph_of's: the same graph with its edges in another
+    order is the same question)."""
     graphs = []
     while len(graphs) < count:
         prompt, route = star_graph(s["degree"], s["path"], s["nodes"], rng)
-        if prompt not in exclude:
+        if graph_of(prompt) not in exclude:
             graphs.append((prompt, route))
     return graphs
 
@@ -205,7 +213,7 @@ def main():
     rng = np.random.default_rng(config["seed"])
     check_fits(s, scale)
     train_graphs = make_lines(s["train_graphs"], s, rng)
-    seen = frozenset(prompt for prompt, _ in train_graphs)
+    seen = frozenset(graph_of(prompt) for prompt, _ in train_graphs)
     eval_graphs = make_lines(s["eval_graphs"], s, rng, exclude=seen)
     val_graphs = make_lines(max(200, s["train_graphs"] // 20), s, rng, exclude=seen)
     work = os.path.join(config["out_dir"], "checkpoints", f"planning-{scale}")
