@@ -221,7 +221,7 @@ def generate_uncached(model, prompt, max_new_tokens, num_samples=1, temperature=
         else:
             prefix = None
             if ATTENTION_OF_ARCH[model.config.arch] == "prefix":  # the prompt, or after a slide the kept tokens
-                prefix_length = prompt_length if window_start == 0 else block_size // 2
+                prefix_length = prompt_length if window_start == 0 else max(1, block_size // 2)
                 prefix = torch.full((num_samples,), prefix_length, device=sequence.device)
             hidden = model.run_stack(context, prefix_length=prefix)
         logits = model.logits(hidden[:, -1])  # the output head on the last position only
@@ -344,7 +344,8 @@ def iterative_unmask(model, prompt, num_new, steps, mask_id, num_samples=1, temp
     """bert's generation (mask-predict; the standard sampler of masked diffusion): append num_new [MASK]s after the
     prompt and fill them with `unmask` over `steps` passes. With block_length > 0 the masks are filled block by
     block, left to right (semi-autoregressive), the steps split between blocks as evenly as they go (the first
-    blocks take the remainder; a block takes one pass at least, so there are max(steps, blocks) passes).
+    blocks take the remainder; a block takes one pass at least: at most max(steps, blocks) passes, fewer where a
+    block has fewer masks than passes).
     Returns (tokens, passes)."""
     if steps < 1:
         raise ValueError("steps must be at least 1")
