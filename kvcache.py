@@ -209,19 +209,20 @@ def generate_uncached(model, prompt, max_new_tokens, num_samples=1, temperature=
     model.eval()
     block_size = model.config.block_size
     sequence = start_sequence(model, prompt, num_samples, start_token)
-    prompt_length, window_start = sequence.size(1), 0
+    prefix_length, window_start = sequence.size(1), 0  # prefixlm's prefix: the prompt, after a slide the kept tokens
     for _ in range(max_new_tokens):
         if stop:  # a signal (progress.StopSignals): return what is done
             break
-        window_start = slide_window(sequence.size(1), window_start, block_size)
+        new_start = slide_window(sequence.size(1), window_start, block_size)
+        if new_start != window_start:
+            window_start, prefix_length = new_start, sequence.size(1) - new_start
         context = sequence[:, window_start:]
         if model.config.arch == "t5":
             inputs, row_lengths = encoder_rows(encoder_inputs, lengths, num_samples)
             hidden = model.decode(context, model.encode(inputs, row_lengths), row_lengths)
         else:
             prefix = None
-            if ATTENTION_OF_ARCH[model.config.arch] == "prefix":  # the prompt, or after a slide the kept tokens
-                prefix_length = prompt_length if window_start == 0 else max(1, block_size // 2)
+            if ATTENTION_OF_ARCH[model.config.arch] == "prefix":
                 prefix = torch.full((num_samples,), prefix_length, device=sequence.device)
             hidden = model.run_stack(context, prefix_length=prefix)
         logits = model.logits(hidden[:, -1])  # the output head on the last position only
