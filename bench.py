@@ -17,7 +17,7 @@ Sections (one markdown table each; the same figures go to a JSON file, and PNG p
   5. prefix       16 requests sharing a long prompt: one shared prefill vs 16 separate ones (claim D4)
   6. profile      where a step's time goes: torch.profiler's operators by self time, a cached gpt decoding step
                   at batch 1 and 32 and a gpt training step, eager and compiled
-(4d and 6 measure with infra/speed_diagnostics.py; this file prints their tables)
+(3's FlexAttention rows, 4d and 6 measure with infra/speed_diagnostics.py; this file prints their tables)
 Every timing: warm-up first, device synchronisation before reading the clock, median of repeats, random inputs.
 """
 import atexit
@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from infra.configurator import (QUICK_NOTE, QUICK_OUTPUT, UserError, apply_overrides, check_compiler, pick_device,
                                 run_main)
-from infra.speed_diagnostics import against_hugging_face, profile_decoding, profile_steps
+from infra.speed_diagnostics import against_hugging_face, flex_attention_rows, profile_decoding, profile_steps
 from infra.progress import Progress, StopSignals, check_writable, format_duration, write_atomically
 from infra.timing import copy_bandwidth, machine_name, matmul_flops_per_second, median_time, mfu_text, time_once
 
@@ -215,7 +215,7 @@ def bench_attention(device, size, repeats, results, compiled_rows=True):
                               device, repeats * 4)
         data[name] = {"ms": seconds * 1e3, "backend": which_backend(q, k, v, mask, is_causal)}
     if compiled_rows:
-        data.update(bench_flex_attention(device, q, k, v, T, repeats))
+        data.update(flex_attention_rows(device, q, k, v, T, repeats))
     fast = data["causal, is_causal=True (fast path)"]["ms"]
     for name, figures in data.items():
         timed = figures["ms"] == figures["ms"]  # not NaN
@@ -225,54 +225,6 @@ def bench_attention(device, size, repeats, results, compiled_rows=True):
     return table(f"3. Attention kernels (B={B}, heads={H}, T={T}, head size={hs}, "
                  f"{str(size['dtype']).replace('torch.', '')}; claim E2)",
                  ["variant", "ms/call", "vs is_causal", "backend"], rows)
-
-
-def bench_flex_attention(device, q, k, v, T, repeats):
-    """FlexAttention (compiled; CUDA and, forward only, CPU): the masks as block masks, so that blocks a mask
-    hides entirely are skipped rather than computed and thrown away. Each row is checked against SDPA with the
-    same mask before it is timed. Whether the backward pass (training) runs is reported too (not on a CPU so far:
-    docs/speed.md)."""
-    import masks
-    data = {}
-    try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    except ImportError as e:
-        return {"FlexAttention": {"ms": float("nan"), "backend": f"unavailable: {e}"}}
-    flex = torch.compile(flex_attention)
-    document = torch.arange(T, device=device) // max(1, T // 4)  # four packed documents
-    rules = {"FlexAttention, causal block mask": (lambda b, h, i, j: j <= i, None, True),
-             "FlexAttention, prefix-LM block mask": (lambda b, h, i, j: (j <= i) | (j < T // 2),
-                                                     masks.prefix_lm_mask(torch.full((1,), T // 2, device=device), T),
-                                                     False),
-             "FlexAttention, causal within 4 documents": (
-                 lambda b, h, i, j: (j <= i) & (document[i] == document[j]),
-                 masks.causal_mask(T, device=device) & (document[:, None] == document[None, :]), False)}
-
-    def cannot_run(e):  # needs a recent PyTorch (and Triton on CUDA); the first line of why, for the table
-        detail = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-        return {"ms": float("nan"), "backend": f"cannot run here: {type(e).__name__}: {detail}"}
-
-    for name, (rule, mask, is_causal) in rules.items():
-        torch._dynamo.reset()  # static shapes for each mask: recompiling with dynamic sizes can break the CPU template
-        try:
-            block_mask = create_block_mask(rule, B=None, H=None, Q_LEN=T, KV_LEN=T, device=device)
-            reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
-                                                       is_causal=is_causal)
-            error = (flex(q, k, v, block_mask=block_mask).float() - reference).abs().max().item()
-            seconds = median_time(lambda: flex(q, k, v, block_mask=block_mask), device, repeats * 4)
-            data[name] = {"ms": seconds * 1e3, "max_error_vs_sdpa": error,
-                          "backend": f"flex (compiled), max error vs SDPA {error:.1e}"}
-        except Exception as e:
-            data[name] = cannot_run(e)
-    try:  # training needs the backward pass: tried on the causal block mask
-        block_mask = create_block_mask(rules["FlexAttention, causal block mask"][0], B=None, H=None, Q_LEN=T,
-                                       KV_LEN=T, device=device)
-        grad_q = q.detach().clone().requires_grad_()
-        flex(grad_q, k, v, block_mask=block_mask).sum().backward()
-        data["FlexAttention backward (training)"] = {"ms": float("nan"), "backend": "runs"}
-    except Exception as e:
-        data["FlexAttention backward (training)"] = cannot_run(e)
-    return data
 
 
 def bench_decoding(device, size, repeats, results, compiled_rows=True):

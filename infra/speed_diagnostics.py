@@ -1,11 +1,14 @@
 """
 Looks at a step's speed from outside the chapter's code: how fast our cached decoding is next to another
-implementation of the same model, and where a decoding or training step's time goes. bench.py's sections 4d and 6
-print them.
+implementation of the same model (and our masks next to FlexAttention's block masks), and where a decoding or
+training step's time goes. bench.py's section 3 (its FlexAttention rows), 4d and 6 print them.
 
     against_hugging_face(size, prompt, new, ...)      tokens/s of kvcache.generate and of transformers' generate
                                                        on one GPT-2-layout model, and whether both wrote the same
                                                        greedy tokens (None where transformers is not installed)
+    flex_attention_rows(device, q, k, v, T, ...)       ms per call of FlexAttention with the causal, prefix-LM and
+                                                       packed-documents block masks, each checked against SDPA, and
+                                                       whether its backward pass runs
     profile_steps(step, device)                        torch.profiler around a few calls of step(): the operators
                                                        by their own time, and what is left of the wall time
     profile_decoding(model, ids, ...)                  that, for cached gpt steps at batch 1 and 32, eager and
@@ -19,8 +22,10 @@ import os
 from contextlib import nullcontext
 
 import torch
+import torch.nn.functional as F
 
 import kvcache
+import masks
 from infra.progress import Progress
 from infra.timing import median_time, time_once
 
@@ -66,6 +71,55 @@ def against_hugging_face(size, prompt, new, device, repeats, autocast=nullcontex
         raise RuntimeError(f"against transformers: a sampler did not write {new} tokens: {[len(t) for t in tokens.values()]}")
     return {"transformers": transformers.__version__, "new_tokens": new, "samplers": speeds, "reference": reference,
             "same_tokens": {name: tokens[name] == tokens[reference] for name in tokens}}
+
+
+# ----------------------------------------------------------------------------- FlexAttention: masks as block masks
+
+def flex_attention_rows(device, q, k, v, T, repeats):
+    """FlexAttention (compiled; CUDA and, forward only, CPU): the masks as block masks, so that blocks a mask
+    hides entirely are skipped rather than computed and thrown away. Each row is checked against SDPA with the
+    same mask before it is timed. Whether the backward pass (training) runs is reported too (not on a CPU so far:
+    docs/speed.md)."""
+    data = {}
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError as e:
+        return {"FlexAttention": {"ms": float("nan"), "backend": f"unavailable: {e}"}}
+    flex = torch.compile(flex_attention)
+    document = torch.arange(T, device=device) // max(1, T // 4)  # four packed documents
+    rules = {"FlexAttention, causal block mask": (lambda b, h, i, j: j <= i, None, True),
+             "FlexAttention, prefix-LM block mask": (lambda b, h, i, j: (j <= i) | (j < T // 2),
+                                                     masks.prefix_lm_mask(torch.full((1,), T // 2, device=device), T),
+                                                     False),
+             "FlexAttention, causal within 4 documents": (
+                 lambda b, h, i, j: (j <= i) & (document[i] == document[j]),
+                 masks.causal_mask(T, device=device) & (document[:, None] == document[None, :]), False)}
+
+    def cannot_run(e):  # needs a recent PyTorch (and Triton on CUDA); the first line of why, for the table
+        detail = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        return {"ms": float("nan"), "backend": f"cannot run here: {type(e).__name__}: {detail}"}
+
+    for name, (rule, mask, is_causal) in rules.items():
+        torch._dynamo.reset()  # static shapes for each mask: recompiling with dynamic sizes can break the CPU template
+        try:
+            block_mask = create_block_mask(rule, B=None, H=None, Q_LEN=T, KV_LEN=T, device=device)
+            reference = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
+                                                       is_causal=is_causal)
+            error = (flex(q, k, v, block_mask=block_mask).float() - reference).abs().max().item()
+            seconds = median_time(lambda: flex(q, k, v, block_mask=block_mask), device, repeats * 4)
+            data[name] = {"ms": seconds * 1e3, "max_error_vs_sdpa": error,
+                          "backend": f"flex (compiled), max error vs SDPA {error:.1e}"}
+        except Exception as e:
+            data[name] = cannot_run(e)
+    try:  # training needs the backward pass: tried on the causal block mask
+        block_mask = create_block_mask(rules["FlexAttention, causal block mask"][0], B=None, H=None, Q_LEN=T,
+                                       KV_LEN=T, device=device)
+        grad_q = q.detach().clone().requires_grad_()
+        flex(grad_q, k, v, block_mask=block_mask).sum().backward()
+        data["FlexAttention backward (training)"] = {"ms": float("nan"), "backend": "runs"}
+    except Exception as e:
+        data["FlexAttention backward (training)"] = cannot_run(e)
+    return data
 
 
 # ----------------------------------------------------------------------------- where a step's time goes
