@@ -9,23 +9,19 @@ Sections (one markdown table each; the same figures go to a JSON file, and PNG p
   2. training     one training step per arch at equal size and tokens: MFU and supervised tokens/s (claim C1)
   3. attention    SDPA with is_causal=True vs the same mask written out, prefix mask, no mask, FlexAttention
                   block masks (compiled; forward only on the CPU), and which kernel ran (claim E2)
-  4. decoding     per-token latency against context length: KV cache vs recomputation (claim D4), a
-                  240-token generation against the memory-bandwidth floor, and eager vs compiled decoding at
-                  batch 1, 8 and 32 against the floor of each, and our cached decoding against
-                  Hugging Face transformers' generate on the same model (where transformers is installed)
-  (--compile=False skips the compiled rows of sections 2, 3 and 4, and their compile time)
+  4. decoding     per-token latency against context length: KV cache vs recomputation (claim D4), and a
+                  240-token generation against the memory-bandwidth floor
   5. prefix       16 requests sharing a long prompt: one shared prefill vs 16 separate ones (claim D4)
-  6. profile      where a step's time goes: torch.profiler's operators by self time, a cached gpt decoding step
-                  at batch 1 and 32 and a gpt training step, eager and compiled
-(3's FlexAttention rows, 4d and 6 measure with infra/speed_diagnostics.py; this file prints their tables)
+  6. profile      where a step's time goes (torch.profiler), decoding and training, eager and compiled
+Diagnostics beside the claims (infra/speed_diagnostics.py): the compiled rows of 2 and 3 (FlexAttention), 4c
+(compiled decoding at batch 1, 8 and 32 against the floor of each), 4d (against transformers' generate), 6, and
+the steadiness line. --compile=False skips the compiled rows and their compile time.
 Every timing: warm-up first, device synchronisation before reading the clock, median of repeats, random inputs.
 """
-import atexit
+import contextlib
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while it loads ends quietly)
@@ -33,11 +29,18 @@ import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while 
 import torch
 import torch.nn.functional as F
 
+import kvcache
+import masks
+import objectives
+import sample  # its samplers: generate (KV cache) and iterative_unmask (bert)
 from infra.configurator import (QUICK_NOTE, QUICK_OUTPUT, UserError, apply_overrides, check_compiler, pick_device,
                                 run_main)
-from infra.speed_diagnostics import against_hugging_face, flex_attention_rows, profile_decoding, profile_steps
-from infra.progress import Progress, StopSignals, check_writable, format_duration, write_atomically
-from infra.timing import copy_bandwidth, machine_name, matmul_flops_per_second, median_time, mfu_text, time_once
+from infra.speed_diagnostics import (check_out_path, compiled_decoding_section, compiled_training_row,
+                                     flex_attention_rows, fresh_kernel_cache, hugging_face_section, plot,
+                                     profile_section, steadiness, table, which_backend)
+from infra.progress import Progress, StopSignals, format_duration, write_atomically
+from infra.timing import copy_bandwidth, machine_name, matmul_flops_per_second, median_time, mfu_text
+from model import ModelConfig, Transformer
 
 SECTIONS = ("ceilings", "training", "attention", "decoding", "prefix", "profile")
 DEFAULTS = dict(
@@ -49,14 +52,6 @@ DEFAULTS = dict(
     plots=True,            # write PNGs next to the JSON when matplotlib is installed
     compile=True,          # the torch.compile rows (training, FlexAttention, decoding); they cost compile time
 )
-
-
-def table(title, header, rows):
-    lines = [f"\n### {title}\n", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    text = "\n".join(lines)
-    print(text, flush=True)
-    return text
 
 
 # ----------------------------------------------------------------------------- sizes
@@ -72,7 +67,6 @@ def sizes(device, quick):
 
 
 def build(arch, size, device):
-    from model import ModelConfig, Transformer
     # equal size: t5 splits the layers between its encoder and decoder
     layers = dict(n_layer=size["n_layer"] // 2, n_decoder_layer=size["n_layer"] // 2) if arch == "t5" else \
         dict(n_layer=size["n_layer"])
@@ -82,19 +76,9 @@ def build(arch, size, device):
     return Transformer(config).to(device)
 
 
-def synthetic_specials(vocab):
-    from data.prepare_common import SPECIAL_TOKENS, special_token_ids, NUM_SENTINELS
-    from objectives import Specials
-    ordinary = vocab - len(SPECIAL_TOKENS)
-    return Specials.from_meta({"specials": special_token_ids(ordinary), "num_ordinary": ordinary,
-                               "num_sentinels": NUM_SENTINELS})
-
-
 def autocast_for(device, dtype):
-    if str(device).startswith("cuda") and dtype != torch.float32:
-        return torch.autocast("cuda", dtype=dtype)
-    from contextlib import nullcontext
-    return nullcontext()
+    on_gpu = str(device).startswith("cuda") and dtype != torch.float32
+    return torch.autocast("cuda", dtype=dtype) if on_gpu else contextlib.nullcontext()
 
 
 # ----------------------------------------------------------------------------- sections
@@ -113,7 +97,6 @@ def training_step(arch, size, device, specials):
     """One arch's training step at the benchmark's size, on a fixed batch of its default objective: (model,
     step(module): forward, backward and the optimizer's step through `module` (the model or its compiled form),
     the batch)."""
-    import objectives
     model = build(arch, size, device)
     optimizer = model.configure_optimizer(0.1, 1e-4, (0.9, 0.95), "cuda" if device.startswith("cuda") else device)
     generator = torch.Generator().manual_seed(0)
@@ -133,8 +116,7 @@ def training_step(arch, size, device, specials):
 
 
 def bench_training(device, size, repeats, results, compiled_rows=True):
-    import objectives
-    specials = synthetic_specials(size["vocab"])
+    specials = objectives.synthetic_specials(size["vocab"])
     peak = results["ceilings"]["matmul_flops"]
     rows, data = [], {}
     progress = Progress("[bench] training", 4)
@@ -155,18 +137,7 @@ def bench_training(device, size, repeats, results, compiled_rows=True):
                      f"{100 * figures['supervised_fraction']:.1f}%", f"{figures['supervised_per_s']:,.0f}",
                      f"{figures['supervised_per_tflop']:,.0f}", "-", "1.00x"])
         if compiled_rows and (arch == "gpt" or not size["quick"]):  # --quick: gpt's row only, to keep it quick
-            # train.py --compile=True: the same step through torch.compile (forward and backward compiled; the
-            # optimizer stays the fused AdamW). What compiling can remove is the non-matmul share of the step
-            compiled = torch.compile(model)
-            first = time_once(lambda: step(compiled), device)
-            compiled_seconds = median_time(lambda: step(compiled), device, repeats, warmup=1)
-            figures["compiled"] = after = {"ms_per_step": compiled_seconds * 1e3, "mfu": flops / compiled_seconds / peak,
-                                           "compile_s": max(0.0, first - compiled_seconds),
-                                           "speedup": seconds / compiled_seconds}
-            rows.append([arch, objective, "compiled", "", f"{after['ms_per_step']:.1f}",
-                         f"{processed / compiled_seconds:,.0f}", mfu_text(flops / compiled_seconds, peak), "",
-                         f"{supervised / compiled_seconds:,.0f}", "", f"{after['compile_s']:.0f}",
-                         f"{after['speedup']:.2f}x"])
+            rows.append(compiled_training_row(model, step, batch, seconds, figures, peak, device, repeats))
     ratio = data["gpt"]["supervised_per_s"] / data["bert"]["supervised_per_s"]
     share = data["gpt"]["supervised_fraction"] / data["bert"]["supervised_fraction"]  # from the batches: exact
     step_ratio = data["bert"]["ms_per_step"] / data["gpt"]["ms_per_step"]
@@ -183,22 +154,7 @@ def bench_training(device, size, repeats, results, compiled_rows=True):
                   "supervised tok/s", "supervised tok/TFLOP", "compile s", "vs eager"], rows)
 
 
-def which_backend(q, k, v, attn_mask, is_causal):
-    """The first SDPA backend, in PyTorch's order of preference, that accepts these inputs."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                    SDPBackend.MATH):
-        try:
-            with sdpa_kernel([backend]):
-                F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
-            return backend.name.lower()
-        except RuntimeError:
-            continue
-    return "none"
-
-
 def bench_attention(device, size, repeats, results, compiled_rows=True):
-    import masks
     B, H, T, hs = size["batch"], size["n_head"], size["block_size"], size["n_embd"] // size["n_head"]
     generator = torch.Generator(device=device).manual_seed(0)
     q, k, v = (torch.randn(B, H, T, hs, device=device, dtype=size["dtype"], generator=generator) for _ in range(3))
@@ -228,7 +184,6 @@ def bench_attention(device, size, repeats, results, compiled_rows=True):
 
 
 def bench_decoding(device, size, repeats, results, compiled_rows=True):
-    import kvcache
     T = size["block_size"]
     lengths = [L for L in (32, 64, 128, 256, 512, 1024) if L < T] + [T - 1]
     if T < 64:
@@ -262,10 +217,8 @@ def bench_decoding(device, size, repeats, results, compiled_rows=True):
                                                 device, repeats) * 1e3)
     cached, full = curves["gpt cached"], curves["gpt recomputed"]
     crossover = next((L for L, cached_ms, full_ms in zip(lengths, cached, full) if cached_ms < full_ms), None)
-    if crossover == lengths[0]:
-        where = f"at every measured context (the crossover lies below {lengths[0]})"
-    else:
-        where = f"from context {crossover}" if crossover else "nowhere in the measured range"
+    where = f"at every measured context (the crossover lies below {lengths[0]})" if crossover == lengths[0] else \
+        f"from context {crossover}" if crossover else "nowhere in the measured range"
     rows = [[L] + [f"{curves[name][i]:.2f}" for name in curves] for i, L in enumerate(lengths)]
     text = table(f"4a. Decoding: ms per new token against context length (cached gpt is faster {where}; "
                  f"{full[-1] / cached[-1]:.1f}x at {lengths[-1]}; t5 has {size['n_layer'] // 2} decoder layers, the "
@@ -273,18 +226,19 @@ def bench_decoding(device, size, repeats, results, compiled_rows=True):
 
     # a whole generation: batch 1, 16-token prompt, 240 new tokens (fewer in --quick)
     new = min(240, T - 16)
-    mask_id = synthetic_specials(size["vocab"]).mask
+    mask_id = objectives.synthetic_specials(size["vocab"]).mask
     prompt = ids[:, :16]
     gpt = models["gpt"]
     run = {}
     with torch.no_grad(), autocast_for(device, size["dtype"]):
         for name, use_cache in (("gpt, KV cache", True), ("gpt, recomputed", False)):
-            seconds = median_time(lambda: kvcache.generate(gpt, prompt, new, temperature=0, use_cache=use_cache), device,
-                                  max(1, repeats // 2), warmup=1)
+            seconds = median_time(lambda: sample.generate(gpt, prompt, new, temperature=0, use_cache=use_cache),
+                                  device, max(1, repeats // 2), warmup=1)
             run[name] = {"tokens_per_s": new / seconds, "forward_passes": new}
         for steps in (16, 64):
-            seconds = median_time(lambda: kvcache.iterative_unmask(models["bert"], prompt, new, steps, mask_id=mask_id,
-                                                           temperature=0), device, max(1, repeats // 2), warmup=1)
+            seconds = median_time(lambda: sample.iterative_unmask(models["bert"], prompt, new, steps,
+                                                                  mask_id=mask_id, temperature=0),
+                                  device, max(1, repeats // 2), warmup=1)
             run[f"bert mask-predict, {steps} steps"] = {"tokens_per_s": new / seconds, "forward_passes": steps}
     # each token must read every weight once, and the KV cache: bandwidth / those bytes bounds tokens/s (at batch 1).
     # On a CPU whose caches hold much of a small model the bound can be beaten: then the model is too small to be
@@ -300,29 +254,12 @@ def bench_decoding(device, size, repeats, results, compiled_rows=True):
                   ["sampler", "tokens/s", "forward passes", "of bandwidth floor"], rows)
     results["decoding"] = {"lengths": lengths, "ms_per_token": curves, "crossover": crossover,
                            "generation": run, "bandwidth_floor_tokens_per_s": floor, "cache_speedup": speedup}
-    if compiled_rows:
-        text += bench_compiled_decoding(device, size, repeats, results, models, prompt, new)
-    return text + bench_hugging_face(device, size, repeats, results, prompt, new, compiled_rows)
-
-
-def bench_hugging_face(device, size, repeats, results, prompt, new, compiled_rows):
-    """4d: our cached greedy decoding against Hugging Face transformers' `generate` on the same GPT-2-layout model
-    (their random weights loaded into our modules), batch 1 (infra/speed_diagnostics.py). The two must write the
-    same tokens (greedy), else the row says so. Skipped where transformers is not installed."""
-    data = against_hugging_face(size, prompt, new, device, max(1, repeats // 2),
-                                lambda: autocast_for(device, size["dtype"]), compiled_rows)
-    if data is None:
-        text = "\n### 4d. Against Hugging Face transformers: skipped (not installed; pip install transformers)\n"
-        print(text, flush=True)
-        return text
-    results["hugging_face_decoding"] = data
-    reference = data["samplers"][data["reference"]]["tokens_per_s"]
-    rows = [[name, f"{figures['tokens_per_s']:,.1f}", f"{figures['tokens_per_s'] / reference:.2f}x",
-             "yes" if data["same_tokens"][name] else "NO"] for name, figures in data["samplers"].items()]
-    return table(f"4d. Against Hugging Face transformers {data['transformers']}: {new} greedy tokens from a "
-                 f"{prompt.size(1)}-token prompt, batch 1, the same GPT-2-layout model (their random weights in our "
-                 f"modules); same tokens: checked in float32; our cache keeps float32 keys and values",
-                 ["sampler", "tokens/s", "vs transformers", "same tokens"], rows)
+    autocast = lambda: autocast_for(device, size["dtype"])  # noqa: E731
+    if compiled_rows:  # 4c and 4d: diagnostics (infra/speed_diagnostics.py)
+        text += compiled_decoding_section(sample.generate, decoding_floor, decoding_cost, device, size, repeats,
+                                          results, models, prompt, new, autocast)
+    return text + hugging_face_section(sample.generate, device, size, repeats, results, prompt, new, autocast,
+                                       compiled_rows)
 
 
 def decoding_cost(model, average_context, encoder_length=0):
@@ -350,58 +287,7 @@ def decoding_floor(model, bandwidth, batch, average_context, encoder_length=0):
     return batch * bandwidth / ((weights + batch * cache_per_row) * next(model.parameters()).element_size())
 
 
-def bench_compiled_decoding(device, size, repeats, results, models, prompt, new):
-    """4c: eager vs torch.compile'd decoding step (kvcache.compiled_decode_step), gpt at batch 1, 8 and 32 from one
-    shared prefill (sample.py --num_samples), prefixlm and t5 at batch 1. Compilation is paid once per process and
-    per batch-size regime (1, then any larger): the first generation's extra time is reported as compile time."""
-    import kvcache
-    bandwidth, matmul_rate = results["ceilings"]["copy_bandwidth"], results["ceilings"]["matmul_flops"]
-    cases = [("gpt", 1), ("gpt", 8), ("gpt", 32), ("prefixlm", 1), ("t5", 1)]
-    if size["quick"]:  # the rows run, the figures mean nothing
-        cases = [("gpt", 1), ("gpt", 8), ("t5", 1)]
-    t5_inputs = prompt[:, :8]
-    rows, data = [], {}
-    progress = Progress("[bench] compiled decoding", 2 * len(cases))
-    with torch.no_grad(), autocast_for(device, size["dtype"]):
-        for done, (arch, batch) in enumerate(cases):
-            model = models[arch]
-            extra = dict(encoder_inputs=t5_inputs, start_token=0) if arch == "t5" else {}
-            start = prompt[:, :1] if arch == "t5" else prompt
-            context = start.size(1) + new / 2  # average context of the generation
-            encoder_length = t5_inputs.size(1) if arch == "t5" else 0
-            floor = decoding_floor(model, bandwidth, batch, context, encoder_length)
-            compute_bound = matmul_rate / decoding_cost(model, context, encoder_length)[2]  # each row's matmuls, peak
-            if done == 0 or cases[done - 1][0] != arch:
-                torch._dynamo.reset()  # a new model: its own graphs (compiled graphs per code object are limited)
-            for mode, compiled in (("eager", False), ("compiled", True)):
-                progress.update(2 * done + compiled)
-
-                def generation():
-                    kvcache.generate(model, start, new, num_samples=batch, temperature=0, compiled=compiled, **extra)
-
-                first = time_once(generation, device)  # compiles on its first call (for a new batch regime)
-                seconds = median_time(generation, device, max(1, repeats // 2), warmup=0)
-                tokens_per_s = batch * new / seconds
-                data[f"{arch}, batch {batch}, {mode}"] = figures = {
-                    "tokens_per_s": tokens_per_s, "floor_tokens_per_s": floor, "of_floor": tokens_per_s / floor,
-                    "compute_bound_tokens_per_s": compute_bound, "first_call_extra_s": max(0.0, first - seconds)}
-                rows.append([arch, batch, mode, f"{tokens_per_s:,.1f}", f"{floor:,.1f}",
-                             f"{100 * figures['of_floor']:.1f}%", f"{compute_bound:,.0f}",
-                             f"{figures['first_call_extra_s']:.1f}"])
-            eager = data[f"{arch}, batch {batch}, eager"]
-            figures["speedup_over_eager"] = figures["tokens_per_s"] / eager["tokens_per_s"]
-            rows[-1].append(f"{figures['speedup_over_eager']:.2f}x")
-            rows[-2].append("1.00x")
-    results["compiled_decoding"] = data
-    return table(f"4c. Compiled decoding: {new} greedy tokens per row from a {prompt.size(1)}-token prompt (t5: an "
-                 f"8-token encoder input), eager vs torch.compile'd step (kvcache.compiled_decode_step); floor = "
-                 f"weights once per step + each row's KV cache, at the measured copy bandwidth",
-                 ["arch", "batch", "step", "tokens/s", "floor tokens/s", "of floor", "compute bound tokens/s",
-                  "first-call extra s (compile)", "vs eager"], rows)
-
-
 def bench_prefix(device, size, repeats, results):
-    import kvcache
     T = size["block_size"]
     requests, own, new = 16, max(4, T // 16), max(4, T // 16)
     shared_length = T - own - new
@@ -436,89 +322,25 @@ def bench_prefix(device, size, repeats, results):
 
 
 def bench_profile(device, size, repeats, results, compiled_rows=True):
-    """6: where a step's time goes (infra/speed_diagnostics.py; what it showed: docs/speed.md): torch.profiler
-    around 32 cached gpt decoding steps at the middle of the context, batch 1 and 32, and around 3 gpt training
-    steps (bench_training's), eager and compiled; the operators by their own time."""
-    model = build("gpt", size, device).eval()
-    generator = torch.Generator(device=device).manual_seed(0)
-    ids = torch.randint(0, 60, (1, size["block_size"]), device=device, generator=generator)
-    data = {f"decoding, {case}": figures for case, figures in
-            profile_decoding(model, ids, device, lambda: autocast_for(device, size["dtype"]), compiled_rows,
-                             label="bench profile").items()}
-    model, step, _ = training_step("gpt", size, device, synthetic_specials(size["vocab"]))
-    torch._dynamo.reset()  # graphs of its own (as in 2), compiled in the warm-up
-    for mode, module in (("eager", model),) + ((("compiled", torch.compile(model)),) if compiled_rows else ()):
-        data[f"training, {mode}"] = profile_steps(lambda: step(module), device, steps=3)
-    results["profile"] = data
-    outside = "(GPU waiting for the host)" if device.startswith("cuda") else "(outside every operator: Python, dispatch)"
-    text = ""
-    for case, figures in data.items():
-        rows = [[o["name"][:60], f"{100 * o['share']:.1f}%", f"{o['calls_per_step']:.0f}", f"{o['us_per_call']:.1f}"]
-                for o in figures["top"]]
-        inside = figures["in_operators"]  # above 100%, self times overlapped (threads of their own): not additive
-        rows.append([outside, f"{100 * (1 - inside):.1f}%" + (" (overlap: not additive)" if inside > 1 else ""),
-                     "-", "-"])
-        what, batch_and_mode = case.split(", ", 1)
-        text += table(f"6. Profile of a {what} step: gpt, {batch_and_mode}: {figures['ms_per_step']:.2f} ms per step "
-                      f"under the profiler, {figures['calls_per_step']:.0f} profiled calls per step (nested ones "
-                      f"included)", ["operator (self time)", "of wall time", "calls per step", "us per call"], rows)
-    return text
-
-
-def plot(results, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    decoding = results["decoding"]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, values in decoding["ms_per_token"].items():
-        ax.plot(decoding["lengths"], values, marker="o", label=name)
-    ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("ms per new token")
-    ax.set_title("Decoding cost against context (claim D4)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
-
-
-def steadiness(device, size, results):
-    """The matmul rate again, at the end: every figure above is read against the first measurement, so a machine
-    whose speed changed during the run (other work on it) makes them unreliable, and the file says so."""
-    quick = size["quick"]
-    before = results["ceilings"]["matmul_flops"]
-    after = matmul_flops_per_second(device, size["dtype"], size=512 if quick else None, seconds=0.2 if quick else 1.0)
-    results["ceilings"]["matmul_flops_at_end"] = after
-    line = f"matmul rate at the start {before / 1e12:.3f}, at the end {after / 1e12:.3f} TFLOP/s"
-    if abs(after / before - 1) > 0.3:
-        line = f"**Unsteady machine: {line}; the figures above are not reliable (other work was running).**"
-    else:
-        line = f"Steady machine: {line}."
-    print("\n" + line, flush=True)
-    return "\n" + line
-
-
-def check_out_path(out):
-    """--out is the JSON file; the markdown and PNG go beside it. Find out now, not after the run, if one of them
-    cannot be written."""
-    if not out.endswith(".json"):
-        raise UserError(f"--out={out} must name a .json file (the markdown and PNG are written beside it)")
-    base = os.path.splitext(out)[0]
-    check_writable([out, base + ".md", base + ".png"], "--out")
+    """6: where a step's time goes, decoding and training (a diagnostic; what it showed: docs/speed.md)."""
+    return profile_section(build("gpt", size, device).eval(),
+                           lambda: training_step("gpt", size, device, objectives.synthetic_specials(size["vocab"])), device,
+                           size, results, lambda: autocast_for(device, size["dtype"]), compiled_rows)
 
 
 def main():
     config = apply_overrides(DEFAULTS, sys.argv[1:])
-    chosen = SECTIONS if config["sections"] == "all" else tuple(x.strip() for x in config["sections"].split(","))
+    names = [x.strip() for x in config["sections"].split(",")]
+    chosen = SECTIONS if names == ["all"] else tuple(names)
     if "" in chosen:
-        raise UserError(f"--sections={config['sections']!r} has an empty name: a comma-separated list of "
-                        f"{', '.join(SECTIONS)}, or all")
-    unknown = [x for x in chosen if x not in SECTIONS]
-    if unknown:
-        raise UserError(f"unknown section(s) {', '.join(unknown)}: choose from {', '.join(SECTIONS)} or all")
+        raise UserError(f"--sections={config['sections']!r} has an empty name: give all, or a comma-separated list "
+                        f"of {', '.join(SECTIONS)}")
+    if "all" in chosen:
+        raise UserError(f"--sections={config['sections']}: all means every section, give it alone or list sections")
+    unknown = [repr(x) for x in chosen if x not in SECTIONS]
+    if unknown:  # "all" alone, or names of sections
+        raise UserError(f"--sections={config['sections']}: unknown section {', '.join(unknown)}: give all, or "
+                        f"a comma-separated list of {', '.join(SECTIONS)}")
     if config["repeats"] < 1:
         raise UserError("--repeats must be at least 1")
     device = pick_device(config["device"])
@@ -536,10 +358,7 @@ def main():
     compiled_rows = config["compile"]
     if compiled_rows:
         check_compiler(device, "the compiled rows (--compile=False skips them)")
-    if compiled_rows and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-        # compile times as a user's first run pays them: an empty cache of compiled kernels, removed at the end
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = kernel_cache = tempfile.mkdtemp(prefix="bench-inductor-")
-        atexit.register(shutil.rmtree, kernel_cache, ignore_errors=True)
+        fresh_kernel_cache()
     sections = {"ceilings": bench_ceilings, "prefix": bench_prefix,
                 "profile": lambda *a: bench_profile(*a, compiled_rows=compiled_rows),
                 "training": lambda *a: bench_training(*a, compiled_rows=compiled_rows),
@@ -569,6 +388,8 @@ def main():
     if config["plots"] and "decoding" in finished:
         picture = plot(results, os.path.splitext(out)[0] + ".png")
     print(f"\nwrote {out}{' and ' + picture if picture else ''} in {results['seconds']:.0f} s")
+    if "not_done" in results:  # stopped: what finished is written, and the exit status says it was a stop
+        sys.exit(130)
 
 
 if __name__ == "__main__":

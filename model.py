@@ -4,11 +4,13 @@ One Transformer for every architecture in the debate (claims A1, A2).
 gpt, bert and prefixlm are literally the same modules: one stack of `Block`s. The only line that differs is
 ATTENTION_OF_ARCH below, the mask each query row gets. t5 is two stacks of the same `Block`, the decoder's blocks
 adding cross-attention to the encoder's output. Read leaf to root: rotary positions, attention, MLP, block,
-config (with size presets), model. Below the banner at the end: the few options that exist only so that published
-GPT-2, BERT and T5 weights compute exactly what they were trained to (infra/pretrained.py loads them).
+config (with size presets), model. What published BERT and T5 weights compute differently (post-norm, RMSNorm,
+T5's relative position bias, ...) is built on these modules in infra/published_model.py; GPT-2 needs nothing more.
 
 The one attention function (`Attention.forward`) serves self-attention, cross-attention and cached decoding;
 nothing else in the project calls scaled_dot_product_attention.
+
+    python model.py     # claims B3 (the published sizes), A1 (one set of modules) and D5 (NoPE), in seconds
 """
 import math
 from dataclasses import dataclass
@@ -24,7 +26,7 @@ IGNORE_INDEX = -100  # targets equal to this carry no loss (unsupervised positio
 # The whole difference between the single-stack architectures (claim A1): the attention kind (masks.py) of each
 ATTENTION_OF_ARCH = {"gpt": "causal", "bert": "bidirectional", "prefixlm": "prefix"}
 ARCHS = ("gpt", "bert", "prefixlm", "t5")  # t5: bidirectional encoder + causal decoder + cross-attention (A1, A2)
-POSITION_KINDS = ("learned", "rope", "relative", "none")  # "none" is NoPE (claim D5); "relative" is T5's bias
+POSITION_KINDS = ("learned", "rope", "none")  # "none" is NoPE (claim D5)
 
 
 class RotaryPositions(nn.Module):
@@ -61,14 +63,15 @@ def explicit_attention_probabilities(q, k, attn_mask=None, is_causal=False, scal
 
 
 class Attention(nn.Module):
-    """Multi-head attention. Queries come from `x`; keys and values from `context` (= x for self-attention,
-    the encoder output for cross-attention). An optional `cache` (kvcache.LayerCache) stores K/V across calls;
-    `keys_values`, t5's cross-attention while decoding, are K/V computed once from the encoder output."""
+    """Multi-head attention. Queries, keys and values come from `x` (self-attention), or the keys and values are
+    given: `memory_kv`, t5's cross-attention, the K/V of the encoder output computed once. An optional `cache`
+    (kvcache.LayerCache) stores self-attention K/V across calls. `mask` is (attn_mask, is_causal), as
+    masks.attention_mask returns it."""
 
     def __init__(self, config):
         super().__init__()
         self.n_head, self.dropout = config.n_head, config.dropout
-        self.scale = None if config.scale_attention else 1.0  # T5 folds 1/sqrt(d) into its initialisation
+        self.scale = None  # SDPA's 1/sqrt(head size); a published T5 sets 1.0 (infra/published_model.py)
         self.query = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.key_value = nn.Linear(config.n_embd, 2 * config.n_embd, bias=config.bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
@@ -81,28 +84,25 @@ class Attention(nn.Module):
         B, T, C = t.shape
         return t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
 
-    def keys_and_values(self, context):
+    def keys_and_values(self, source):
         """(K, V), each (B, nh, Tk, hs), of a key/value source (B, Tk, C)."""
-        k, v = self.key_value(context).split(context.size(-1), dim=2)
+        k, v = self.key_value(source).split(source.size(-1), dim=2)
         return self.split_heads(k), self.split_heads(v)
 
-    def forward(self, x, context=None, attn_mask=None, is_causal=False, rotary=None, start=0, cache=None,
-                keys_values=None, position_bias=None):
+    def forward(self, x, mask=(None, False), rotary=None, start=0, cache=None, memory_kv=None):
         B, T, C = x.shape
+        attn_mask, is_causal = mask
         q = self.split_heads(self.query(x))  # (B, nh, T, hs)
-        if keys_values is not None:
-            k, v = keys_values  # t5 cross-attention while decoding: the encoder output never changes
+        if memory_kv is not None:
+            k, v = memory_kv  # t5's cross-attention: the encoder output never changes
         else:
-            k, v = self.keys_and_values(x if context is None else context)  # (B, nh, Tk, hs)
+            k, v = self.keys_and_values(x)  # (B, nh, T, hs)
             if rotary is not None:
                 q, k = rotary(q, start), rotary(k, start)
             if cache is not None:
                 # claim D4: under a causal mask the K/V of position i depend only on tokens 0..i, so the cache
                 # keeps them and the new queries attend to [cached ; new]
                 k, v = cache.update(k, v)  # (B, nh, start+T, hs)
-        if position_bias is not None:  # (1, nh, T, Tk), T5's relative positions
-            attn_mask = add_position_bias(attn_mask, is_causal, position_bias, T, k.size(2), x.device)
-            is_causal = False  # the causal mask is inside attn_mask now
         if self.record_probabilities:
             self.probabilities = explicit_attention_probabilities(q, k, attn_mask, is_causal, self.scale).detach()
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=self.scale,
@@ -115,10 +115,10 @@ class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.fc = nn.Linear(config.n_embd, config.d_ff, bias=config.bias)
+        self.activation = nn.GELU(approximate="tanh")  # GPT-2's (docs/reliability.md: why not the exact one)
         self.proj = nn.Linear(config.d_ff, config.n_embd, bias=config.bias)
         self.proj.residual_output = True
         self.dropout = nn.Dropout(config.dropout)
-        self.activation = Activation(config.activation)
 
     def forward(self, x):
         return self.dropout(self.proj(self.activation(self.fc(x))))
@@ -126,29 +126,24 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
     """Pre-norm Transformer block. With cross_attention=True (t5's decoder) it gains one more sub-layer that
-    reads the encoder output (`memory`, or its K/V computed once: `cross_keys_values`); that is the only new
-    module encoder-decoder needs (claim A2)."""
+    reads the encoder output, `cross` = (its K/V, its padding mask); that is the only new module
+    encoder-decoder needs (claim A2)."""
 
     def __init__(self, config, cross_attention=False):
         super().__init__()
-        self.post_norm = config.post_norm
-        self.norm_1 = make_norm(config)
+        self.norm_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.attention = Attention(config)
         if cross_attention:
-            self.norm_cross = make_norm(config)
+            self.norm_cross = nn.LayerNorm(config.n_embd, bias=config.bias)
             self.cross_attention = Attention(config)
-        self.norm_2 = make_norm(config)
+        self.norm_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x, attn_mask=None, is_causal=False, rotary=None, start=0, cache=None, position_bias=None,
-                memory=None, cross_mask=None, cross_keys_values=None):
-        if self.post_norm:  # BERT's order, for its published weights (the bottom of this file)
-            return post_norm_forward(self, x, attn_mask, is_causal, rotary, start, cache, position_bias)
-        x = x + self.attention(self.norm_1(x), attn_mask=attn_mask, is_causal=is_causal, rotary=rotary, start=start,
-                               cache=cache, position_bias=position_bias)
-        if memory is not None or cross_keys_values is not None:
-            x = x + self.cross_attention(self.norm_cross(x), context=memory, attn_mask=cross_mask,
-                                         keys_values=cross_keys_values)
+    def forward(self, x, mask=(None, False), rotary=None, start=0, cache=None, cross=None):
+        x = x + self.attention(self.norm_1(x), mask, rotary, start, cache)
+        if cross is not None:
+            memory_kv, memory_mask = cross
+            x = x + self.cross_attention(self.norm_cross(x), (memory_mask, False), memory_kv=memory_kv)
         return x + self.mlp(self.norm_2(x))
 
 
@@ -164,18 +159,7 @@ class ModelConfig:
     d_ff: int = 0               # MLP hidden size (0 = 4 * n_embd)
     dropout: float = 0.0
     bias: bool = True           # biases in Linear and LayerNorm
-    position: str = "learned"   # learned | rope | relative (T5) | none (NoPE, claim D5)
-    # Options that exist only so that published checkpoints load exactly (the bottom of this file); defaults = ours
-    norm: str = "layernorm"     # layernorm | rmsnorm (T5)
-    norm_eps: float = 1e-5      # BERT 1e-12, T5 1e-6
-    activation: str = "gelu_tanh"  # gelu_tanh (GPT-2, ours) | gelu (BERT) | relu (T5 v1.0)
-    post_norm: bool = False     # BERT: norm after each residual addition, and after the embeddings
-    segment_vocab_size: int = 0  # BERT's token-type (segment) embeddings; we always feed segment 0
-    mlm_head: bool = False      # BERT's output transform (dense, GELU, norm) and output bias before the logits
-    scale_attention: bool = True  # False: T5, whose scores are not divided by sqrt(head size)
-    scale_tied_output: bool = False  # T5: hidden states * n_embd**-0.5 before the tied output embedding
-    relative_buckets: int = 32  # position="relative": T5's buckets and the offset where the last one starts
-    relative_max_distance: int = 128
+    position: str = "learned"   # learned | rope | none (NoPE, claim D5)
 
     def __post_init__(self):
         if self.d_ff == 0:
@@ -203,12 +187,6 @@ class ModelConfig:
             raise ValueError("rotary positions need an even head size (n_embd / n_head)")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.norm not in NORMS:
-            raise ValueError(f"unknown norm {self.norm!r}: choose one of {', '.join(NORMS)}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {self.activation!r}: choose one of {', '.join(ACTIVATIONS)}")
-        if self.post_norm and self.arch == "t5":
-            raise ValueError("post_norm is BERT's layout, for one stack; t5 is pre-norm")
 
 
 # Published sizes (parameter counts checked in tests/test_model.py against the reference implementations):
@@ -238,25 +216,15 @@ class Transformer(nn.Module):
             self.position_embedding = nn.Embedding(config.block_size, config.n_embd)  # shared by both t5 stacks
         self.rotary = (RotaryPositions(config.n_embd // config.n_head, config.block_size)
                        if config.position == "rope" else None)
-        if config.position == "relative":  # T5: one bias table per stack; the decoder's sees only the past
-            self.relative_bias = RelativePositionBias(config, ATTENTION_OF_ARCH.get(config.arch) != "causal")
-            if config.arch == "t5":
-                self.decoder_relative_bias = RelativePositionBias(config, bidirectional=False)
-        if config.segment_vocab_size:  # BERT
-            self.segment_embedding = nn.Embedding(config.segment_vocab_size, config.n_embd)
-        self.embedding_norm = make_norm(config) if config.post_norm else nn.Identity()  # BERT normalises here...
         self.dropout = nn.Dropout(config.dropout)
         # ---- the architecture switch: the only place where the four differ in modules ----
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))  # t5: the encoder
-        self.final_norm = nn.Identity() if config.post_norm else make_norm(config)  # ...and so not at the end
+        self.final_norm = nn.LayerNorm(config.n_embd, bias=config.bias)
         if config.arch == "t5":
             self.decoder_blocks = nn.ModuleList(Block(config, cross_attention=True)
                                                 for _ in range(config.n_decoder_layer))
-            self.decoder_norm = make_norm(config)
-        if config.mlm_head:  # BERT: hidden -> dense -> GELU -> norm, then the tied embedding plus a bias
-            self.head_transform = nn.Sequential(nn.Linear(config.n_embd, config.n_embd),
-                                                Activation(config.activation), make_norm(config))
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=config.mlm_head)
+            self.decoder_norm = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.token_embedding.weight  # tied input/output embeddings
         self.apply(self._init_weights)
 
@@ -300,17 +268,21 @@ class Transformer(nn.Module):
         x = self.token_embedding(ids)  # (B, T, C)
         if self.config.position == "learned":
             x = x + self.position_embedding(torch.arange(start, start + T, device=ids.device))
-        if self.config.segment_vocab_size:
-            x = x + self.segment_embedding.weight[0]  # every token in segment 0: one text, no sentence pairs
-        return self.dropout(self.embedding_norm(x))
+        return self.dropout(x)
 
     def position_bias(self, stack, query_length, key_length, start):
-        """T5's relative position bias (1, nh, Tq, Tk) for "encoder" (or the single stack) or "decoder"; None
-        for the other kinds of position."""
-        if self.config.position != "relative":
-            return None
-        table = self.decoder_relative_bias if stack == "decoder" else self.relative_bias
-        return table(query_length, key_length, start, self.token_embedding.weight.device)
+        """A bias added to every attention score of a stack ("encoder", also the single stack, or "decoder"),
+        (1, nh, Tq, Tk), or None. Ours is None: positions enter through the embeddings (learned) or by rotating
+        q and k (rope). A published T5 returns its relative position bias here (infra/published_model.py)."""
+        return None
+
+    def stack_mask(self, stack, kind, query_length, key_length, start, **options):
+        """(attn_mask, is_causal) for every layer of a stack: the mask of an attention kind (masks.attention_mask,
+        with its options: prefix_length, lengths) and any position bias."""
+        mask = masks.attention_mask(kind, query_length, key_length, device=self.token_embedding.weight.device,
+                                    **options)
+        bias = self.position_bias(stack, query_length, key_length, start)
+        return mask if bias is None else with_bias(mask, bias, query_length, key_length)
 
     def run_stack(self, ids, prefix_length=None, lengths=None, cache=None):
         """gpt / bert / prefixlm: one stack, the mask picked by the arch. Returns the final hidden states.
@@ -318,12 +290,10 @@ class Transformer(nn.Module):
         start = cache.length if cache is not None else 0
         x = self.embed(ids, start)  # (B, T, C)
         T = ids.size(1)
-        attn_mask, is_causal = masks.attention_mask(ATTENTION_OF_ARCH[self.config.arch], T, start + T,
-                                                    prefix_length=prefix_length, lengths=lengths, device=ids.device)
-        position_bias = self.position_bias("encoder", T, start + T, start)
+        mask = self.stack_mask("encoder", ATTENTION_OF_ARCH[self.config.arch], T, start + T, start,
+                               prefix_length=prefix_length, lengths=lengths)
         for i, block in enumerate(self.blocks):
-            x = block(x, attn_mask=attn_mask, is_causal=is_causal, rotary=self.rotary, start=start,
-                      cache=cache.layer(i) if cache is not None else None, position_bias=position_bias)
+            x = block(x, mask, self.rotary, start, cache.layer(i) if cache is not None else None)
         if cache is not None:
             cache.advance(ids, T)
         return self.final_norm(x)
@@ -331,31 +301,27 @@ class Transformer(nn.Module):
     def encode(self, ids, lengths=None):
         """t5's encoder: the same blocks, bidirectional (padding hidden when examples have different lengths)."""
         x = self.embed(ids)
-        attn_mask, _ = masks.attention_mask("bidirectional", ids.size(1), lengths=lengths, device=ids.device)
-        position_bias = self.position_bias("encoder", ids.size(1), ids.size(1), 0)
+        mask = self.stack_mask("encoder", "bidirectional", ids.size(1), ids.size(1), 0, lengths=lengths)
         for block in self.blocks:
-            x = block(x, attn_mask=attn_mask, rotary=self.rotary, position_bias=position_bias)
+            x = block(x, mask, self.rotary)
         return self.final_norm(x)  # (B, T_enc, C), "memory"
 
     def decode(self, ids, memory=None, lengths=None, cache=None):
-        """t5's decoder: causal self-attention plus cross-attention to the encoder output (lengths: its rows' real
-        lengths). While decoding with a cache, `memory` may be None: cross-attention K/V were stored once in the
-        cache."""
+        """t5's decoder: causal self-attention plus cross-attention to the encoder output `memory` (lengths: its
+        rows' real lengths). With a cache, `memory` is not needed: its K/V were stored once in the cache."""
         start = cache.length if cache is not None else 0
         x = self.embed(ids, start)
         T = ids.size(1)
-        attn_mask, is_causal = masks.attention_mask("causal", T, start + T, device=ids.device)
-        cross_mask = None
-        if lengths is not None and memory is not None:
-            cross_mask, _ = masks.attention_mask("bidirectional", T, memory.size(1), lengths=lengths, device=ids.device)
-        elif cache is not None:
-            cross_mask = cache.cross_mask
-        position_bias = self.position_bias("decoder", T, start + T, start)
+        mask = self.stack_mask("decoder", "causal", T, start + T, start)
+        if cache is not None:
+            memory_kv, memory_mask = cache.memory_kv, cache.memory_mask
+        else:
+            memory_kv = [block.cross_attention.keys_and_values(memory) for block in self.decoder_blocks]
+            memory_mask = None if lengths is None else masks.attention_mask(
+                "bidirectional", T, memory.size(1), lengths=lengths, device=ids.device)[0]
         for i, block in enumerate(self.decoder_blocks):
-            x = block(x, attn_mask=attn_mask, is_causal=is_causal, rotary=self.rotary, start=start,
-                      cache=cache.layer(i) if cache is not None else None, position_bias=position_bias,
-                      memory=memory, cross_mask=cross_mask,
-                      cross_keys_values=cache.cross_keys_values(i) if cache is not None else None)
+            x = block(x, mask, self.rotary, start, cache.layer(i) if cache is not None else None,
+                      cross=(memory_kv[i], memory_mask))
         if cache is not None:
             cache.advance(ids, T)
         return self.decoder_norm(x)
@@ -381,10 +347,6 @@ class Transformer(nn.Module):
 
     def logits(self, hidden):
         """Final hidden states -> logits over the vocabulary, through the tied output embedding."""
-        if self.config.mlm_head:
-            hidden = self.head_transform(hidden)
-        if self.config.scale_tied_output:
-            hidden = hidden * self.config.n_embd ** -0.5
         return self.lm_head(hidden)
 
     @staticmethod
@@ -400,19 +362,19 @@ class Transformer(nn.Module):
         t5, decoder_inputs (B, T_dec)): 6 FLOPs per parameter per token that passes through it, plus attention's
         12 * layers * T_query * T_key * d (nanoGPT/PaLM accounting; the full score matrix is counted, masked or
         not). t5's encoder tokens skip the output head; its decoder also attends to the encoder."""
-        c = self.config
+        config = self.config
         B, T = batch.inputs.shape
         T_dec = batch.decoder_inputs.size(1) if batch.decoder_inputs is not None else 0
         block_params = sum(p.numel() for p in self.blocks.parameters())
-        head_params = c.vocab_size * c.n_embd
-        if c.arch != "t5":
-            return B * (6 * T * (block_params + head_params) + 12 * c.n_layer * T ** 2 * c.n_embd)
+        head_params = config.vocab_size * config.n_embd
+        if config.arch != "t5":
+            return B * (6 * T * (block_params + head_params) + 12 * config.n_layer * T ** 2 * config.n_embd)
         decoder_params = sum(p.numel() for p in self.decoder_blocks.parameters())
         # cross-attention keys/values are projected from the encoder's tokens, not the decoder's
         cross_kv = sum(p.numel() for b in self.decoder_blocks for p in b.cross_attention.key_value.parameters())
-        return B * (6 * T * (block_params + cross_kv) + 12 * c.n_layer * T ** 2 * c.n_embd
+        return B * (6 * T * (block_params + cross_kv) + 12 * config.n_layer * T ** 2 * config.n_embd
                     + 6 * T_dec * (decoder_params - cross_kv + head_params)
-                    + 12 * c.n_decoder_layer * (T_dec ** 2 + T_dec * T) * c.n_embd)
+                    + 12 * config.n_decoder_layer * (T_dec ** 2 + T_dec * T) * config.n_embd)
 
     def configure_optimizer(self, weight_decay, learning_rate, betas, device_type):
         # decay matrices (2-D), not biases, norms; embeddings are 2-D and decayed, as nanoGPT does
@@ -421,6 +383,16 @@ class Transformer(nn.Module):
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         extra = {"fused": True} if device_type in ("cuda", "cpu") else {}  # one kernel, not a loop over tensors
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)
+
+
+def with_bias(mask, bias, query_length, key_length):
+    """Fold an additive score bias (1, nh, Tq, Tk) and a mask (attn_mask, is_causal) into one float mask."""
+    attn_mask, is_causal = mask
+    if is_causal:
+        attn_mask = masks.causal_mask(query_length, key_length, bias.device)
+    if attn_mask is None:
+        return bias, False
+    return bias.masked_fill(~attn_mask, float("-inf")), False
 
 
 def config_from_preset(name, **overrides):
@@ -435,83 +407,23 @@ def describe(model):
     return f"{c.arch}: {stacks}, {c.n_head} heads, {c.n_embd} dims, {model.num_parameters() / 1e6:.2f}M parameters"
 
 
-# =============================================================================================================
-# Published-checkpoint fidelity. Nothing above needs what follows to train from scratch: these are the few
-# options (ModelConfig's second group of fields) that let GPT-2's, BERT's and T5's released weights compute in
-# these modules exactly what they computed when published (infra/pretrained.py maps their names onto ours).
-# =============================================================================================================
-
-NORMS = ("layernorm", "rmsnorm")
-# GPT-2's tanh approximation of GELU is our default (docs/reliability.md: why not the exact one); BERT uses the
-# exact GELU and T5 (v1.0) a ReLU
-ACTIVATIONS = {"gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu, "relu": F.relu}
-
-
-class Activation(nn.Module):
-    def __init__(self, name):
-        super().__init__()
-        self.name, self.function = name, ACTIVATIONS[name]
-
-    def forward(self, x):
-        return self.function(x)
-
-
-def make_norm(config):
-    """LayerNorm (GPT-2, BERT, ours) or RMSNorm (T5: no mean subtraction, no bias)."""
-    if config.norm == "rmsnorm":
-        return nn.RMSNorm(config.n_embd, eps=config.norm_eps)
-    return nn.LayerNorm(config.n_embd, eps=config.norm_eps, bias=config.bias)
-
-
-def post_norm_forward(block, x, attn_mask, is_causal, rotary, start, cache, position_bias):
-    """The original Transformer's and BERT's order, norm(x + sublayer(x)), for one stack (no cross-attention)."""
-    x = block.norm_1(x + block.attention(x, attn_mask=attn_mask, is_causal=is_causal, rotary=rotary, start=start,
-                                         cache=cache, position_bias=position_bias))
-    return block.norm_2(x + block.mlp(x))
-
-
-class RelativePositionBias(nn.Module):
-    """T5's positions: a learned scalar per head added to each attention score, looked up by the bucket of the
-    offset (key - query). Small offsets get a bucket each, larger ones share log-spaced buckets up to max_distance.
-    bidirectional=False (t5's decoder) buckets only offsets into the past. One table per stack, used by every
-    layer of that stack (as T5 does)."""
-
-    def __init__(self, config, bidirectional):
-        super().__init__()
-        self.bidirectional, self.num_buckets = bidirectional, config.relative_buckets
-        self.max_distance = config.relative_max_distance
-        self.bias = nn.Embedding(config.relative_buckets, config.n_head)
-
-    def bucket(self, offset):
-        num_buckets, bucket = self.num_buckets, torch.zeros_like(offset)
-        if self.bidirectional:  # half the buckets for keys after the query
-            num_buckets //= 2
-            bucket = (offset > 0).long() * num_buckets
-            distance = offset.abs()
-        else:
-            distance = (-offset).clamp(min=0)
-        exact = num_buckets // 2
-        log_bucket = exact + (torch.log(distance.float().clamp(min=1) / exact) / math.log(self.max_distance / exact)
-                              * (num_buckets - exact)).long()
-        log_bucket = log_bucket.clamp(max=num_buckets - 1)
-        return bucket + torch.where(distance < exact, distance, log_bucket)
-
-    def forward(self, query_length, key_length, start, device):
-        queries = torch.arange(start, start + query_length, device=device)[:, None]
-        keys = torch.arange(key_length, device=device)[None, :]
-        return self.bias(self.bucket(keys - queries)).permute(2, 0, 1).unsqueeze(0)  # (1, nh, Tq, Tk)
-
-
-def add_position_bias(attn_mask, is_causal, position_bias, query_length, key_length, device):
-    """Fold T5's additive position bias and the boolean mask into one float mask for SDPA."""
-    if is_causal:
-        attn_mask = masks.causal_mask(query_length, key_length, device)
-    if attn_mask is None:
-        return position_bias
-    return position_bias.masked_fill(~attn_mask, float("-inf"))
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # claims B3, A1 and D5 in a few seconds, on random weights
+    import signal
+    signal.signal(getattr(signal, "SIGPIPE", signal.SIGINT), signal.SIG_DFL)  # | head: end quietly
     for preset in ("gpt2", "bert-base", "t5-small"):  # the published sizes, built without memory (meta device)
         with torch.device("meta"):
-            print(f"{preset:10s} {describe(Transformer(config_from_preset(preset)))}", flush=True)
+            print(f"B3: {preset:10s} {describe(Transformer(config_from_preset(preset)))}", flush=True)
+    torch.manual_seed(0)
+    small = {arch: Transformer(ModelConfig(arch=arch, vocab_size=65, block_size=16, n_layer=2, n_head=2, n_embd=32,
+                                           position="none")).eval() for arch in ARCHS}
+    print("A1: the same 2 layers x 32 dims: " + ", ".join(f"{a} {m.num_parameters():,}" for a, m in small.items())
+          + " parameters (gpt, bert, prefixlm: one set of modules, only the mask differs; t5: two stacks and "
+          "cross-attention)")
+    ids = torch.arange(8)[None]  # eight different tokens, then the same eight in reverse order
+    with torch.no_grad():
+        for arch in ("bert", "gpt"):  # no position embedding at all (NoPE): can the model tell the order?
+            forward, backward = small[arch](ids)[0][0], small[arch](ids.flip(1))[0][0].flip(0)  # token by token
+            print(f"D5: {arch} without positions, the sequence reversed: each token's output changes by up to "
+                  f"{(forward - backward).abs().max().item():.1e}")
+    print("D5: bert reads a bag of tokens and cannot tell the order; under the causal mask a position sees itself "
+          "and the tokens before it, so how much it sees tells it where it is")

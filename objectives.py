@@ -13,6 +13,8 @@ Every batch knows its `supervised_fraction`: positions that carry a loss / posit
 Windows arrive as (B, T+1) int64 tensors; clm uses all T+1 (input and shifted target), the others use as much
 of the window as fits in T input positions. Every batch maker takes (windows, specials, generator, arch, knobs...),
 in that order; the knobs keep the published values as defaults (BERT's 15% and 80/10/10, T5's 15% and spans of 3).
+
+    python objectives.py     # claims C1, C2 and C4 on random tokens and random weights, in seconds
 """
 from dataclasses import dataclass, fields
 from typing import Optional
@@ -148,24 +150,24 @@ def seq2seq_batch(sources, targets, arch, specials):
     if arch == "t5":
         lengths = torch.tensor([len(s) for s in sources])
         inputs = torch.full((B, int(lengths.max())), specials.pad)
-        dec_len = max(len(t) for t in targets)
-        decoder_inputs = torch.full((B, dec_len), specials.pad)
-        labels = torch.full((B, dec_len), IGNORE_INDEX)
-        for i, (s, t) in enumerate(zip(sources, targets)):
-            inputs[i, :len(s)] = s
-            decoder_inputs[i, 1:len(t)] = t[:-1]
-            labels[i, :len(t)] = t
+        T_dec = max(len(target) for target in targets)
+        decoder_inputs = torch.full((B, T_dec), specials.pad)
+        labels = torch.full((B, T_dec), IGNORE_INDEX)
+        for i, (source, target) in enumerate(zip(sources, targets)):
+            inputs[i, :len(source)] = source
+            decoder_inputs[i, 1:len(target)] = target[:-1]
+            labels[i, :len(target)] = target
         padded = bool((lengths != lengths.max()).any())
         return Batch(inputs=inputs, targets=labels, decoder_inputs=decoder_inputs,
                      lengths=lengths if padded else None)
     if arch == "prefixlm":
-        length = max(len(s) + len(t) - 1 for s, t in zip(sources, targets))
+        length = max(len(source) + len(target) - 1 for source, target in zip(sources, targets))
         inputs = torch.full((B, length), specials.pad)
         labels = torch.full((B, length), IGNORE_INDEX)
-        for i, (s, t) in enumerate(zip(sources, targets)):
-            n = len(s) + len(t) - 1
-            inputs[i, :n] = torch.cat([s, t[:-1]])
-            labels[i, len(s) - 1:n] = t  # the last source position predicts the first target token
+        for i, (source, target) in enumerate(zip(sources, targets)):
+            n = len(source) + len(target) - 1
+            inputs[i, :n] = torch.cat([source, target[:-1]])
+            labels[i, len(source) - 1:n] = target  # the last source position predicts the first target token
         # padding sits after every real token, and real tokens never attend forward past the prefix: harmless
         return Batch(inputs=inputs, targets=labels, prefix_length=torch.tensor([len(s) for s in sources]))
     raise ValueError(f"arch {arch!r} has no source/target layout")
@@ -246,7 +248,7 @@ def span_corruption(windows, specials, generator, arch, noise_density=0.15, mean
     if L is None:
         raise ValueError(f"span corruption needs a longer block than {T} for arch {arch}")
     pairs = [corrupt_spans(w[:L], specials, generator, noise_density, mean_span) for w in windows]
-    return seq2seq_batch([s for s, _ in pairs], [t for _, t in pairs], arch, specials)
+    return seq2seq_batch([source for source, _ in pairs], [target for _, target in pairs], arch, specials)
 
 
 # ----------------------------------------------------------------------------- UL2: a mixture of denoisers
@@ -289,7 +291,7 @@ def ul2(windows, specials, generator, arch, mixture=(0.5, 0.25, 0.25)):
     probs = torch.tensor([weights[UL2_DENOISERS[n][0]] / family_size[UL2_DENOISERS[n][0]] for n in names])
     choice = torch.multinomial(probs, len(windows), replacement=True, generator=generator)
     pairs = [ul2_example(w, names[c], specials, generator, arch, T) for w, c in zip(windows, choice.tolist())]
-    return seq2seq_batch([s for s, _ in pairs], [t for _, t in pairs], arch, specials)
+    return seq2seq_batch([source for source, _ in pairs], [target for _, target in pairs], arch, specials)
 
 
 # ----------------------------------------------------------------------------- the one switch
@@ -312,3 +314,72 @@ def batch_for(settings, windows, specials, generator):
         raise ValueError(f"objective {objective!r} does not fit arch {arch!r}: choose one of {allowed}")
     knobs = {argument: settings[key] for key, argument in KNOBS.get(objective, {}).items() if key in settings}
     return BATCH_MAKERS[objective](windows, specials, generator, arch, **knobs)
+
+
+# ----------------------------------------------------------------------------- python objectives.py
+
+def synthetic_specials(vocab_size):
+    """The special ids of a vocabulary of vocab_size, laid out as data/prepare_common.py lays them after the text
+    ids: [PAD] [EOS] [MASK], UL2's three mode tokens, 100 sentinels (this demo's and bench.py's random tokens)."""
+    num_ordinary = vocab_size - 106
+    pad, eos, mask = num_ordinary, num_ordinary + 1, num_ordinary + 2
+    modes = {"R": num_ordinary + 3, "X": num_ordinary + 4, "S": num_ordinary + 5}
+    return Specials(num_ordinary, pad, eos, mask, list(range(num_ordinary + 6, num_ordinary + 106)), modes)
+
+
+@torch.no_grad()
+def demo_density():
+    """Claim C4 on every sequence of 3 symbols out of 3, with random (sharpened) weights: gpt's chain of
+    conditionals is one distribution; bert's conditionals, chained in two orders, give two."""
+    from itertools import product
+    from model import ModelConfig, Transformer
+    sequences = torch.tensor(list(product(range(3), repeat=3)))  # (27, 3)
+    mask = 3
+    models = {}
+    for arch in ("gpt", "bert"):
+        torch.manual_seed(0)
+        models[arch] = Transformer(ModelConfig(arch=arch, vocab_size=4, block_size=4, n_layer=2, n_head=2,
+                                               n_embd=16)).eval()
+        for p in models[arch].parameters():
+            p.mul_(20)  # sharpened: random weights far from uniform, so that differences show
+    # gpt: log p(x) = sum_i log p(x_i | x_<i), the first symbol read after a start token (the mask id here)
+    inputs = torch.cat([torch.full((27, 1), mask), sequences[:, :-1]], dim=1)
+    log_p = torch.log_softmax(models["gpt"](inputs)[0][..., :3], dim=-1)  # (27, 3, 3)
+    gpt_joint = log_p.gather(-1, sequences[..., None]).sum(dim=(1, 2)).exp()
+
+    def chain(order):  # bert: fill the masks one at a time in this order, each from its own softmax
+        x, total = torch.full((27, 3), mask), torch.zeros(27)
+        for i in order:
+            total += torch.log_softmax(models["bert"](x)[0][:, i, :3], dim=-1).gather(-1, sequences[:, i:i + 1])[:, 0]
+            x[:, i] = sequences[:, i]
+        return total.exp()
+
+    left, right = chain((0, 1, 2)), chain((2, 1, 0))
+    print(f"C4: gpt's p(x) = p(x1) p(x2|x1) p(x3|x1,x2) sums to {gpt_joint.sum().item():.6f} over all 27 sequences: "
+          f"one normalised distribution, sampled left to right")
+    print(f"C4: bert's conditionals chained left to right and right to left: two distributions (each sums to "
+          f"{left.sum().item():.3f}, {right.sum().item():.3f}) that differ by up to "
+          f"{(left - right).abs().max().item():.3f} in p(x); the conditionals of one joint would agree (0)")
+
+
+if __name__ == "__main__":  # claims C1, C2, C4 on random tokens and random weights, in a second or two
+    import signal
+    signal.signal(getattr(signal, "SIGPIPE", signal.SIGINT), signal.SIG_DFL)  # | head: end quietly
+    specials, generator = synthetic_specials(65 + 106), torch.Generator().manual_seed(0)
+    windows = torch.randint(0, 65, (64, 257), generator=generator)  # 64 windows of 256 tokens (+1 for clm)
+    fractions = {}
+    for name, make in (("clm", lambda: clm(windows)), ("mlm", lambda: mlm(windows, specials, generator)),
+                       ("prefix_lm", lambda: prefix_lm(windows, specials, generator, "prefixlm")),
+                       ("span_corruption", lambda: span_corruption(windows, specials, generator, "t5")),
+                       ("diffusion", lambda: diffusion(windows, specials, generator))):
+        fractions[name] = make().supervised_fraction()
+        print(f"C1: {name:16s} supervises {100 * fractions[name]:5.1f}% of the positions the model computes")
+    print(f"C1: clm / mlm = {fractions['clm'] / fractions['mlm']:.2f}x more supervised positions at the same compute")
+    batch = mlm(windows, specials, generator)
+    chosen = batch.targets != IGNORE_INDEX
+    shown = batch.inputs[chosen]
+    masked, kept = (shown == specials.mask).float().mean().item(), (shown == batch.targets[chosen]).float().mean()
+    print(f"C2: of the {chosen.float().mean().item():.1%} of positions mlm chose: {masked:.1%} became [MASK], "
+          f"{1 - masked - kept.item():.1%} a random token, {kept.item():.1%} kept (BERT's 80/10/10; a random token "
+          f"can be the same one)")
+    demo_density()

@@ -7,11 +7,14 @@ Generate from a checkpoint written by train.py.
     python sample.py --init_from=gpt2 --start="The king"   # published weights (pretrained.py; transformers, the hub)
     python sample.py --out_dir=out-gpt --compile=True --num_samples=32  # compiled decoding, 32 streams, one prefill
 
-gpt, prefixlm and t5 decode left to right with a KV cache (kvcache.py). bert cannot (claim D4): its conditionals
-do not chain into a left-to-right density (claim C4), so it fills [MASK] placeholders by iterative unmasking,
-which is also the sampler of a masked-diffusion model (--objective=diffusion). Every run prints the text, the
-number of forward passes and the decode speed.
+gpt, prefixlm and t5 decode left to right with a KV cache (kvcache.py): `generate`, against its plain reference
+`generate_uncached` (the whole context again for every token; both write identical tokens). bert cannot (claim
+D4): its conditionals do not chain into a left-to-right density (claim C4), so it fills [MASK] placeholders by
+iterative unmasking (`unmask`, `iterative_unmask`), which is also the sampler of a masked-diffusion model
+(--objective=diffusion). Read top to bottom: one token from logits, the left-to-right samplers, the unmasking
+samplers, then the command. Every run prints the text, the number of forward passes and the decode speed.
 """
+import math
 import os
 import sys
 import time
@@ -23,9 +26,10 @@ import torch
 from infra.checkpoint import load_model
 from infra.configurator import UserError, apply_overrides, check_compiler, pick_device, read_text_file, run_main
 from infra.pretrained import tokenizer_for
-from kvcache import UNMASK_ORDERS, generate, iterative_unmask
-from objectives import Specials
 from infra.progress import StopSignals
+import kvcache
+from model import ATTENTION_OF_ARCH
+from objectives import Specials
 
 DEFAULTS = dict(
     init_from="",             # "" = the checkpoint in out_dir; or gpt2, bert-base-uncased, t5-small, a folder (HF)
@@ -45,6 +49,185 @@ DEFAULTS = dict(
     block_length=0,           # bert / diffusion: > 0 = semi-autoregressive blocks left to right
     compile=False,            # gpt / prefixlm / t5: torch.compile the one-token decoding step (bench.py 4c)
 )
+
+
+# ----------------------------------------------------------------------------- left to right
+
+def sample_next(logits, temperature=1.0, top_k=None, generator=None, banned=None):
+    """(B, V) logits -> (B, 1) token ids. temperature 0 = greedy."""
+    logits = logits.float()
+    if banned is not None:
+        logits = logits.index_fill(-1, banned, float("-inf"))
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k:
+        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+
+
+def start_sequence(model, prompt, num_samples, start_token):
+    """What generation continues: the prompt (gpt, prefixlm), or t5's decoder start token; one row per sample."""
+    if model.config.arch == "t5":
+        device = next(model.parameters()).device
+        return torch.full((num_samples, 1), start_token, dtype=torch.long, device=device)
+    if prompt.size(1) > model.config.block_size:
+        raise ValueError(f"the prompt has {prompt.size(1)} tokens, more than block_size={model.config.block_size}")
+    return prompt.expand(num_samples, -1)
+
+
+def slide_window(length, window_start, block_size):
+    """The context is sequence[window_start:length]. When it no longer fits, both samplers slide the same way:
+    keep the last block_size // 2 tokens (for prefixlm they become the new prefix; one at least), so that the cached
+    and the recomputing sampler see identical contexts and must pick identical tokens. Returns the new window
+    start."""
+    return length - max(1, block_size // 2) if length - window_start > block_size else window_start
+
+
+def encoder_rows(encoder_inputs, lengths, rows):
+    """t5: the one encoder input (1, S) and its length, repeated for `rows` rows."""
+    return encoder_inputs.expand(rows, -1), lengths.expand(rows) if lengths is not None else None
+
+
+@torch.inference_mode()
+def generate_uncached(model, prompt, max_new_tokens, num_samples=1, temperature=1.0, top_k=None, generator=None,
+                      banned=None, encoder_inputs=None, lengths=None, start_token=None, stop=None):
+    """The plain reference, nanoGPT's generate: for every new token, the whole context (and t5's encoder) runs
+    again. Returns the sequences, (num_samples, P + max_new_tokens); t5: decoder tokens (num_samples, 1 + new)."""
+    model.eval()
+    block_size = model.config.block_size
+    sequence = start_sequence(model, prompt, num_samples, start_token)
+    prefix_length, window_start = sequence.size(1), 0  # prefixlm's prefix: the prompt, after a slide the kept tokens
+    for _ in range(max_new_tokens):
+        if stop:  # a signal (progress.StopSignals): return what is done
+            break
+        new_start = slide_window(sequence.size(1), window_start, block_size)
+        if new_start != window_start:
+            window_start, prefix_length = new_start, sequence.size(1) - new_start
+        context = sequence[:, window_start:]
+        if model.config.arch == "t5":
+            inputs, row_lengths = encoder_rows(encoder_inputs, lengths, num_samples)
+            hidden = model.decode(context, model.encode(inputs, row_lengths), row_lengths)
+        else:
+            prefix = None
+            if ATTENTION_OF_ARCH[model.config.arch] == "prefix":
+                prefix = torch.full((num_samples,), prefix_length, device=sequence.device)
+            hidden = model.run_stack(context, prefix_length=prefix)
+        logits = model.logits(hidden[:, -1])  # the output head on the last position only
+        token = sample_next(logits, temperature, top_k, generator, banned)
+        sequence = torch.cat([sequence, token], dim=1)
+    return sequence
+
+
+def prefill_window(model, context, encoder_inputs=None, lengths=None):
+    """A new cache holding `context` (B, T) (t5: and the encoder's output); returns (cache, last logits)."""
+    cache = kvcache.KVCache(model, context.size(0), model.config.block_size)
+    if model.config.arch == "t5":
+        inputs, row_lengths = encoder_rows(encoder_inputs, lengths, context.size(0))
+        return cache, kvcache.prefill(model, context, cache, inputs, row_lengths)
+    return cache, kvcache.prefill(model, context, cache)
+
+
+@torch.inference_mode()  # like no_grad, minus autograd's version counters: less overhead per token
+def generate(model, prompt, max_new_tokens, num_samples=1, temperature=1.0, top_k=None, generator=None,
+             banned=None, encoder_inputs=None, lengths=None, start_token=None, use_cache=True, stop=None,
+             compiled=False):
+    """Sample continuations with the KV cache: prefill the prompt once, fork the cache to every sample (prefix
+    caching), then one position per step. gpt / prefixlm: `prompt` (1, P) is the text so far. t5:
+    `encoder_inputs` (1, S) go through the encoder once and the decoder starts from `start_token`. Identical
+    tokens to generate_uncached (tests/test_kvcache.py); use_cache=False runs that reference instead.
+    compiled=True runs each decoding step through torch.compile (same tokens as eager, tests/test_kvcache.py)."""
+    if not use_cache:
+        return generate_uncached(model, prompt, max_new_tokens, num_samples, temperature, top_k, generator, banned,
+                                 encoder_inputs, lengths, start_token, stop)
+    model.eval()
+    one_position = kvcache.compiled_decode_step() if compiled else kvcache.decode_step
+    block_size = model.config.block_size
+    sequence = start_sequence(model, prompt, num_samples, start_token)
+    cache, logits = prefill_window(model, sequence[:1], encoder_inputs, lengths)
+    cache, logits = cache.fork(num_samples), logits.expand(num_samples, -1)  # one prefill serves every sample
+    window_start = 0
+    for step in range(max_new_tokens):
+        token = sample_next(logits, temperature, top_k, generator, banned)  # (S, 1), stays on the device
+        sequence = torch.cat([sequence, token], dim=1)
+        if step == max_new_tokens - 1 or stop:  # stop: a signal (progress.StopSignals), return what is done
+            break
+        new_start = slide_window(sequence.size(1), window_start, block_size)
+        if new_start != window_start:  # the context is full: prefill the kept tokens again, as the reference
+            window_start = new_start
+            cache, logits = prefill_window(model, sequence[:, window_start:], encoder_inputs, lengths)
+        else:
+            logits = one_position(model, token, cache)  # against the cache
+    return sequence
+
+
+# ----------------------------------------------------------------------------- bert: no cache, iterative unmasking instead
+
+UNMASK_ORDERS = ("confident", "margin", "random")
+
+
+@torch.inference_mode()
+def unmask(model, x, steps, mask_id, temperature=1.0, top_k=None, order="confident", generator=None, banned=None,
+           stop=None, region=None):
+    """Fill every [MASK] of x (B, L) (inside region = (start, end) when given) over `steps` bidirectional forward
+    passes: each pass predicts every masked position and reveals an even share of what is left, the rest staying
+    masked for the next pass; revealed tokens stay fixed. Which positions go first (`order`): "confident", the
+    highest probability of the chosen token; "margin", the largest gap between the two most probable tokens (Kim et
+    al. 2025); "random". Returns the number of forward passes; x is filled in place."""
+    if steps < 1:
+        raise ValueError("steps must be at least 1")
+    if order not in UNMASK_ORDERS:
+        raise ValueError(f"unknown unmasking order {order!r}: choose one of {', '.join(UNMASK_ORDERS)}")
+    model.eval()
+    start, end = region or (0, x.size(1))
+    passes = 0
+    for step in range(steps):
+        masked = x[:, start:end] == mask_id  # (B, n)
+        remaining = int(masked.sum(dim=1).max())
+        if remaining == 0 or stop:
+            break
+        logits = model(x)[0][:, start:end].float()  # (B, n, V)
+        passes += 1
+        B, n, V = logits.shape
+        candidates = sample_next(logits.reshape(B * n, V), temperature, top_k, generator, banned).view(B, n)
+        if order == "random":
+            score = torch.rand(B, n, generator=generator, device=logits.device)
+        elif order == "confident":
+            score = torch.softmax(logits, dim=-1).gather(-1, candidates[..., None])[..., 0]
+        else:  # margin: between the two most probable tokens that may be chosen at all
+            allowed = logits.index_fill(-1, banned, float("-inf")) if banned is not None else logits
+            top2 = torch.softmax(allowed, dim=-1).topk(2, dim=-1).values
+            score = top2[..., 0] - top2[..., 1]
+        score = score.masked_fill(~masked, float("-inf"))  # only masked positions compete, whatever the scale
+        reveal = math.ceil(remaining / (steps - step))  # an even share of what is left; everything on the last step
+        chosen = torch.zeros_like(masked)
+        chosen.scatter_(1, score.topk(min(reveal, n), dim=1).indices, True)
+        chosen &= masked
+        x[:, start:end] = torch.where(chosen, candidates, x[:, start:end])
+    return passes
+
+
+@torch.inference_mode()
+def iterative_unmask(model, prompt, num_new, steps, mask_id, num_samples=1, temperature=1.0, top_k=None,
+                     order="confident", block_length=0, generator=None, banned=None, stop=None):
+    """bert's generation (mask-predict; the standard sampler of masked diffusion): append num_new [MASK]s after the
+    prompt and fill them with `unmask` over `steps` passes. With block_length > 0 the masks are filled block by
+    block, left to right (semi-autoregressive), the steps split between blocks as evenly as they go (the first
+    blocks take the remainder; a block takes one pass at least: at most max(steps, blocks) passes, fewer where a
+    block has fewer masks than passes).
+    Returns (tokens, passes)."""
+    if steps < 1:
+        raise ValueError("steps must be at least 1")
+    P = prompt.size(1)
+    x = torch.cat([prompt, torch.full((1, num_new), mask_id, device=prompt.device)], dim=1).repeat(num_samples, 1)
+    block_length = block_length or num_new
+    blocks = [(s, min(s + block_length, P + num_new)) for s in range(P, P + num_new, block_length)]
+    passes, (share, remainder) = 0, divmod(steps, len(blocks))
+    for number, region in enumerate(blocks):
+        passes += unmask(model, x, max(1, share + (number < remainder)), mask_id, temperature, top_k, order,
+                         generator, banned, stop, region)
+    return x, passes
 
 
 # ----------------------------------------------------------------------------- the command
@@ -98,6 +281,21 @@ def generate_by_unmasking(model, ids, specials, config, generator, stop):
     return [row[len(ids):] for row in tokens.tolist()], how, passes
 
 
+def what_trained_it(path, checkpoint):
+    """The line printed before the samples: which run wrote these weights and how far it got; a warning when they
+    are untrained or the run stopped early (the samples then say little about the arch)."""
+    config, done, loss = checkpoint["config"], checkpoint["iter_num"], checkpoint["best_val_loss"]
+    line = f"{path}: {config['arch']} ({config['objective']}), trained {done} of {config['max_iters']} iterations"
+    if loss is not None and math.isfinite(loss):
+        line += f", best val loss {loss:.4f}"
+    if done == 0:
+        line += "\nwarning: these weights are untrained (saved at iteration 0): the samples are noise"
+    elif done < config["max_iters"] and not config.get("max_flops"):
+        line += (f"\nwarning: its run stopped at iteration {done} of {config['max_iters']}: train on with the same "
+                 f"train.py command plus --init_from=resume")
+    return line
+
+
 def check_sample_config(config, arch, prompt_tokens, block_size, objective):
     for key in ("num_samples", "max_new_tokens", "steps"):
         if config[key] < 1:
@@ -106,6 +304,9 @@ def check_sample_config(config, arch, prompt_tokens, block_size, objective):
         raise UserError("--temperature, --top_k and --block_length must not be negative")
     if 0 < config["temperature"] < 1e-3:
         raise UserError(f"--temperature={config['temperature']} is too small to sample with: use 0 for greedy")
+    if config["temperature"] > 1e3:  # logits / temperature would underflow to a uniform draw (overflow past 3e38)
+        raise UserError(f"--temperature={config['temperature']} is too large: from ~100 on every token is already "
+                        f"about equally likely; use at most 1000")
     if config["order"] not in UNMASK_ORDERS:
         raise UserError(f"--order={config['order']}: choose {', '.join(UNMASK_ORDERS)}")
     unmasking_only = [k for k in ("steps", "order", "block_length") if config[k] != DEFAULTS[k]]
@@ -156,6 +357,7 @@ def main():
         model, checkpoint = load_model(os.path.join(config["out_dir"], config["checkpoint"]), device)
         arch, objective, meta = model.config.arch, checkpoint["config"].get("objective"), checkpoint["meta"]
         specials, tokenizer = Specials.from_meta(meta), tokenizer_for(meta)
+        print(what_trained_it(os.path.join(config["out_dir"], config["checkpoint"]), checkpoint), flush=True)
     text = read_prompt(config["start"])
     if not text:
         raise UserError("the prompt is empty: pass --start=<text> (or FILE:path)")

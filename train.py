@@ -13,13 +13,11 @@ is only on the positions the objective supervises) and MFU against the matmul ra
 What a run must agree on and keep track of beside learning (stops, the master's decisions, divergence, the time
 left, the out_dir) is infra/run_control.py; checkpoints and exact resume are infra/checkpoint.py.
 """
-import gc
 import math
 import os
 import random
 import sys
 import time
-import traceback
 from contextlib import nullcontext
 from dataclasses import asdict
 from types import SimpleNamespace
@@ -35,9 +33,10 @@ from infra.checkpoint import (CheckpointWriteFailed, check_resume, load_checkpoi
                               restore_training_state, rng_state)
 from infra.configurator import UserError, apply_overrides, check_compiler, run_main
 from infra.dataset import get_windows, load_dataset
-from infra.parallel import Processes
+from infra.parallel import Processes, run_under_torchrun, under_torchrun
 from infra.progress import Progress
-from infra.run_control import RunControl, TrainingDiverged
+from infra.progress import format_duration
+from infra.run_control import RunControl, TrainingDiverged, is_cpu_recipe, loss_in_bits, out_of_memory_line
 from infra.timing import matmul_peak
 from infra.train_config import check_objective_fits_dataset, check_training_config, model_config
 from model import Transformer, describe
@@ -80,13 +79,6 @@ def resolve_config(argv):
     return config
 
 
-def is_cpu_recipe(config):
-    """Does this run train what the CPU recipe trains (its model, batch and length)? Then never advise it."""
-    recipe = apply_overrides(DEFAULTS, [os.path.join(os.path.dirname(os.path.abspath(__file__)), CPU_RECIPE)])
-    keys = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "max_iters", "eval_iters")
-    return all(config[k] == recipe[k] for k in keys)
-
-
 # ----------------------------------------------------------------------------- schedule, batches, evaluation
 
 def learning_rate_at(it, config):
@@ -105,34 +97,39 @@ def learning_rate_at(it, config):
 def estimate_loss(model, config, splits, specials, device, autocast, stop, log, on_first_batches=None):
     """Mean loss over eval_iters batches per split, on the same windows and noise every time (fixed seeds), so
     evaluations are comparable across iterations and architectures. Returns None when a stop was asked for:
-    an evaluation is only worth something whole. `on_first_batches(seconds_per_batch)` is called once, after two
+    an evaluation is only worth something whole, and it has nothing to lose, so a signal ends it at once (within
+    the operation under way, not the batch). `on_first_batches(seconds_per_batch)` is called once, after two
     timed batches (the run's duration is projected from it)."""
     model.eval()
     result = {}
     progress = Progress(f"evaluation ({' then '.join(splits)}), batches", len(splits) * config["eval_iters"],
                         SECONDS_BETWEEN_LINES, log)
-    for number, (split, path) in enumerate(splits.items()):
-        data_rng = np.random.default_rng(config["seed"] + 10_000)
-        generator = torch.Generator().manual_seed(config["seed"] + 20_000)
-        losses = torch.zeros(config["eval_iters"])
-        for k in range(config["eval_iters"]):
-            if stop:
-                model.train()
-                return None
-            if k == 1:
-                t0 = time.perf_counter()
-            windows = get_windows(path, config["batch_size"], config["block_size"], data_rng)
-            batch = batch_for(config, windows, specials, generator).to(device)
-            with autocast:
-                _, loss = model(**batch.model_inputs())
-            losses[k] = loss.item()  # also a device sync: the clock below reads finished work
-            if k == 2 and on_first_batches is not None:
-                on_first_batches((time.perf_counter() - t0) / 2)  # batch 0 warmed up; 1 and 2 are timed
-                on_first_batches = None
-            progress.update(number * config["eval_iters"] + k + 1)
-        result[split] = losses.mean().item()
-    model.train()
-    return result
+    stop.immediate = True  # (infra/progress.StopSignals: the first signal raises KeyboardInterrupt here)
+    try:
+        for number, (split, path) in enumerate(splits.items()):
+            data_rng = np.random.default_rng(config["seed"] + 10_000)
+            generator = torch.Generator().manual_seed(config["seed"] + 20_000)
+            losses = torch.zeros(config["eval_iters"])
+            for k in range(config["eval_iters"]):
+                if k == 1:
+                    t0 = time.perf_counter()
+                windows = get_windows(path, config["batch_size"], config["block_size"], data_rng)
+                batch = batch_for(config, windows, specials, generator).to(device)
+                with autocast:
+                    _, loss = model(**batch.model_inputs())
+                losses[k] = loss.item()  # also a device sync: the clock below reads finished work
+                if k == 2 and on_first_batches is not None:
+                    on_first_batches((time.perf_counter() - t0) / 2)  # batch 0 warmed up; 1 and 2 are timed
+                    on_first_batches = None
+                progress.update(number * config["eval_iters"] + k + 1)
+            result[split] = losses.mean().item()
+        return result
+    except KeyboardInterrupt:
+        log(f"{stop.message}: the evaluation under way is cut short (again to quit at once)", flush=True)
+        return None
+    finally:
+        stop.immediate = False
+        model.train()
 
 
 def precision(config, device):
@@ -222,7 +219,8 @@ def prepare(config):
         log(f"resuming {path} from iteration {iter_num}")
     model = torch.compile(raw_model) if config["compile"] else raw_model
     model = processes.wrap(model)  # DDP averages gradients across processes during backward
-    peak_flops = matmul_peak(device, torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+    peak_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    peak_flops = matmul_peak(device, peak_dtype)
     log(f"{describe(raw_model)}; objective {config['objective']}; device {device} ({dtype}); "
         f"measured matmul peak {peak_flops / 1e12:.3f} TFLOP/s", flush=True)
     end_iter = iter_num + planned_iterations(config, raw_model, splits, specials, iter_num)
@@ -231,7 +229,7 @@ def prepare(config):
                            optimizer=optimizer, scaler=torch.amp.GradScaler(enabled=(dtype == "float16")),
                            data_rng=data_rng, objective_rng=objective_rng, iter_num=iter_num,
                            best_val_loss=best_val_loss, flops_done=flops_done, peak_flops=peak_flops,
-                           end_iter=end_iter)  # (fp16's narrow range needs the loss scaler)
+                           peak_dtype=peak_dtype, end_iter=end_iter)  # (fp16's narrow range needs the loss scaler)
 
 
 def checkpoint_state(config, setup, run, iter_num):
@@ -244,19 +242,27 @@ def checkpoint_state(config, setup, run, iter_num):
 
 def loop(config, setup, run):
     """The training loop: learning rate, evaluate and save, micro-steps, clip, step, log. Returns the iteration
-    it ended at."""
-    model, optimizer, scaler, autocast = setup.model, setup.optimizer, setup.scaler, setup.autocast
+    it ended at. `run` (infra/run_control.py) keeps the counters and makes every process agree."""
+    model, optimizer, scaler, autocast, log = setup.model, setup.optimizer, setup.scaler, setup.autocast, setup.log
     iter_num, micro_steps = setup.iter_num, setup.micro_steps
-    evaluate = lambda first_batches: estimate_loss(setup.raw_model, config, setup.splits, setup.specials,  # noqa
-                                                   setup.device, autocast, run.signals, setup.log, first_batches)
     while True:
         # ---- learning rate
         lr = learning_rate_at(iter_num, config)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        # ---- evaluate and save (every process reaches this point together)
+        # ---- evaluate and save: the master evaluates, every process follows its decision
         if iter_num % config["eval_interval"] == 0 or run.finished(iter_num):
-            run.evaluate_and_save(iter_num, evaluate, lambda: checkpoint_state(config, setup, run, iter_num))
+            losses = None
+            if run.evaluates():  # None when a stop comes during it: an evaluation is only worth something whole
+                losses = estimate_loss(setup.raw_model, config, setup.splits, setup.specials, setup.device, autocast,
+                                       run.signals, log, run.project if iter_num == setup.iter_num else None)
+                if losses is not None and all(math.isfinite(v) for v in losses.values()):
+                    log(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+                        + loss_in_bits(config["objective"], losses["val"]), flush=True)
+            save, best = run.decide(iter_num, losses)  # a non-finite loss stops every process here
+            if save:  # ckpt.pt, and best.pt when the validation loss improved
+                run.write_checkpoints(checkpoint_state(config, setup, run, iter_num), best)
+            run.evaluation_done(iter_num, save)
         if run.finished(iter_num) or config["eval_only"]:
             return iter_num
         # ---- one optimisation step: micro-steps (gradient accumulation), clip, step
@@ -281,16 +287,19 @@ def loop(config, setup, run):
         scaler.update()
         optimizer.zero_grad(set_to_none=True)  # frees the gradients' memory until the next backward
         # ---- count and log: the processes agree on the totals and on stopping
-        run.step_done(iter_num, loss.detach() * micro_steps, step_flops, step_tokens, step_supervised)
+        line = run.step_done(iter_num, loss.detach() * micro_steps, step_flops, step_tokens, step_supervised)
+        if line:  # every log_interval iterations, or every SECONDS_BETWEEN_LINES of a slow run
+            log(f"iter {iter_num}: loss {line.loss:.4f}, {line.dt * 1000:.1f} ms/iter, {line.tokens / line.dt:,.0f} "
+                f"tok/s, {line.supervised / line.dt:,.0f} supervised tok/s, {line.mfu}, {1 / line.dt:.2f} it/s, "
+                f"~{format_duration(line.left)} left", flush=True)
         iter_num += 1
 
 
 def train(config):
     """Train with a resolved config (dict). Returns a summary dict; raises UserError on bad input."""
     setup = prepare(config)
-    with RunControl(config, setup.processes, setup.log, setup.iter_num, setup.end_iter, setup.best_val_loss,
-                    setup.flops_done, setup.peak_flops, SECONDS_BETWEEN_LINES, f"python train.py {CPU_RECIPE}",
-                    is_cpu_recipe(config)) as run:
+    with RunControl(config, setup, f"python train.py {CPU_RECIPE}", is_cpu_recipe(config, DEFAULTS, CPU_RECIPE),
+                    SECONDS_BETWEEN_LINES) as run:
         iter_num = loop(config, setup, run)
         run.check_losses()
         if setup.processes.ddp:  # the proof that gradients were averaged: every process holds the same weights
@@ -299,7 +308,7 @@ def train(config):
     run.say_how_it_ended(iter_num)
     return {"model": setup.raw_model, "iter_num": iter_num, "val_loss": run.last_losses.get("val"),
             "train_loss": run.last_losses.get("train"), "flops": run.flops_done, "tokens_seen": run.tokens_seen,
-            "supervised_seen": run.supervised_seen, "interrupted": run.stop, "meta": setup.meta}
+            "supervised_seen": run.supervised_seen, "interrupted": run.stopped, "meta": setup.meta}
 
 
 def train_reporting_errors(config, ddp):
@@ -312,13 +321,10 @@ def train_reporting_errors(config, ddp):
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(1)
     except RuntimeError as e:  # torch.OutOfMemoryError is one too; the CPU allocator raises a plain RuntimeError
-        message = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        if not any(words in message for words in ("out of memory", "can't allocate memory", "not enough memory")):
+        line = out_of_memory_line(e, config)
+        if line is None:
             raise
-        print(f"train.py: error: out of memory ({message[:200]}) with n_layer={config['n_layer']}, "
-              f"n_embd={config['n_embd']}, batch_size={config['batch_size']}, block_size={config['block_size']}: "
-              f"use a smaller model or --batch_size (with --gradient_accumulation_steps to keep the batch)",
-              file=sys.stderr)
+        print(f"train.py: error: {line}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
         print("train.py: interrupted; nothing saved since the last checkpoint", file=sys.stderr)
@@ -327,26 +333,9 @@ def train_reporting_errors(config, ddp):
 
 def main():
     config = resolve_config(sys.argv[1:])
-    if int(os.environ.get("RANK", -1)) == -1:
+    if not under_torchrun():  # (a stray RANK or half a torchrun environment: one line, not a hang)
         return train_reporting_errors(config, ddp=False)
-    # Under torchrun every ending, finished or failed, leaves through os._exit: gloo's transport threads can be
-    # destroyed still running in the interpreter's C++ teardown (SIGABRT, exit status 134; docs/reliability.md).
-    # By then train() has closed its log and released its lock.
-    from torch.distributed import destroy_process_group, init_process_group
-    init_process_group(backend="nccl" if torch.cuda.is_available() and config["device"] != "cpu" else "gloo")
-    status = 0
-    try:
-        run_main(lambda: train_reporting_errors(config, ddp=True))  # run_main: UserError -> one line, exit 2
-    except SystemExit as e:
-        status = e.code if isinstance(e.code, int) else 1
-    except BaseException:  # not one of ours: show it, as Python would, then leave the same way
-        traceback.print_exc()
-        status = 1
-    gc.collect()  # the DDP wrapper holds the process group: free it while the interpreter is whole
-    destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    run_under_torchrun(config, lambda: run_main(lambda: train_reporting_errors(config, ddp=True)))
 
 
 if __name__ == "__main__":

@@ -101,5 +101,6 @@ def write_dataset(dataset_dir, ids, meta, train_tokens=None):
         os.replace(os.path.join(dataset_dir, name + ".tmp"), os.path.join(dataset_dir, name))
         written_here(os.path.join(dataset_dir, name))
     vocabulary = f"{meta['tokenizer']}'s" if "tokenizer_family" in meta else \
-        f"{meta['num_ordinary']} text + {meta['vocab_size'] - meta['num_ordinary']} special"
+        f"{meta['num_ordinary']} text + {meta['vocab_size'] - meta['num_ordinary']} special: [PAD] [EOS] [MASK], " \
+        f"UL2's 3 mode tokens, {NUM_SENTINELS} span sentinels <S0>..<S{NUM_SENTINELS - 1}>"
     print(f"{dataset_dir}: {n:,} train and {len(ids) - n:,} val tokens, vocabulary {meta['vocab_size']} ({vocabulary})")

@@ -38,7 +38,7 @@ import torch
 import objectives
 import train
 from infra.checkpoint import load_model
-from infra.configurator import UserError, apply_overrides, output_folder, pick_device
+from infra.configurator import Failure, UserError, apply_overrides, output_folder, pick_device
 from infra.dataset import fingerprint, load_dataset
 from infra.progress import StopSignals, check_writable, format_duration, format_flops, write_atomically
 from infra.timing import machine_name
@@ -52,9 +52,14 @@ def resolve_experiment(defaults, scales, name, extensions=(".md", ".json", ".png
     config = apply_overrides(defaults, sys.argv[1:])
     config["out_dir"] = output_folder(config, defaults)
     check_jobs(config)
+    if config["scale"] not in scales or config["scale"] == "quick":  # checked even where --quick wins over it
+        raise UserError(f"unknown --scale={config['scale']}: {', '.join(k for k in scales if k != 'quick')} "
+                        f"(or --quick)")
     scale = "quick" if config["quick"] else config["scale"]
-    if scale not in scales or (scale == "quick" and not config["quick"]):  # quick output goes to out-quick/ only
-        raise UserError(f"unknown --scale={scale}: {', '.join(k for k in scales if k != 'quick')} (or --quick)")
+    last_seed = config["seed"] + scales[scale].get("seeds", 1) - 1  # every seed is checked now, not when it comes
+    if last_seed >= 2 ** 32:
+        raise UserError(f"--seed={config['seed']}: its {scales[scale]['seeds']} seeds run up to {last_seed}, past "
+                        f"2**32 - 1: use a smaller --seed")
     check_writable([os.path.join(config["out_dir"], f"{name}-{scale}{extension}") for extension in extensions])
     return config, scale, pick_device(config["device"])
 
@@ -67,10 +72,10 @@ def check_jobs(config):
                         f"has: {os.cpu_count()})")
 
 
-def machine_line(device, config):
+def machine_line(device, config, runs=None):
     """The machine a result file names (machine_name: this process's threads) and, with --jobs, how the training
-    runs shared it."""
-    jobs = config.get("jobs", 1)
+    runs shared it: as many at once as --jobs, or as there were runs (`runs`, where the caller knows)."""
+    jobs = min(config.get("jobs", 1), runs or config.get("jobs", 1))
     return machine_name(device) + (f", {jobs} training runs at once (processes; each run's seconds measured beside "
                                    f"the others')" if jobs > 1 else "")
 
@@ -153,12 +158,21 @@ def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=
             with open(record) as f:
                 done = json.load(f)
             if done["settings"] == json.loads(json.dumps(settings)):
-                result = dict(done["summary"], model=load_model(os.path.join(run_config["out_dir"], "ckpt.pt"),
-                                                                device)[0], meta=meta, reused=kind in (None, "reused"))
-                print(f"reused {name}: finished earlier with the same settings ({run_config['out_dir']})"
-                      if result["reused"] else f"loaded {name}: trained above, in a process of its own", flush=True)
-                trained[name] = result  # the time left is estimated from the runs trained now only
-                continue
+                try:
+                    model, checkpoint = load_model(os.path.join(run_config["out_dir"], "ckpt.pt"), device)
+                except UserError as e:
+                    raise UserError(f"cannot reuse {name}: delete {run_config['out_dir']} (that run trains again) or "
+                                    f"run without --reuse=True ({e})") from None
+                held = (model.config.arch, checkpoint["config"]["objective"])
+                if held == (arch, objective):  # the record's settings and the weights themselves agree
+                    result = dict(done["summary"], model=model, meta=meta, reused=kind in (None, "reused"))
+                    print(f"reused {name}: finished earlier with the same settings ({run_config['out_dir']})"
+                          if result["reused"] else f"loaded {name}: trained above, in a process of its own",
+                          flush=True)
+                    trained[name] = result  # the time left is estimated from the runs trained now only
+                    continue
+                print(f"not reusing {name}: its checkpoint holds {held[0]} ({held[1]}), not {arch} ({objective}); "
+                      f"it trains again", flush=True)
         if os.path.exists(record):
             os.remove(record)  # from now on the folder holds this run, finished or not
         t0 = time.perf_counter()
@@ -188,7 +202,7 @@ def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=
 def diverged(name, why, divergence_is_a_result):
     """A run whose loss stopped being finite: a result of its own (a learning-rate sweep), or the end of the study."""
     if not divergence_is_a_result:
-        raise UserError(divergence_message(name, why))
+        raise Failure(divergence_message(name, why))
     print(f"{name} diverged: {why}", flush=True)
     return {"diverged": why, "val_loss": None}
 
@@ -214,7 +228,7 @@ def train_in_processes(runs, jobs, label, again="--reuse=True goes on from them"
     threads = max(1, torch.get_num_threads() // jobs)
     reports = context.Queue()
     units = {key: run[0][3].get("budget_fraction", 1.0) for key, run in runs.items()}  # a run's share of the budget
-    waiting, running, begun, outcomes, failed = list(runs), {}, {}, {}, None
+    waiting, running, begun, outcomes, failed, usage = list(runs), {}, {}, {}, None, False
     trained_units = trained_seconds = 0.0  # what the runs trained here cost: the time left is estimated from them
     shares = {}  # key -> the share of its FLOPs budget a run under way has done, as its process last said
     started = last_line = time.perf_counter()
@@ -243,14 +257,15 @@ def train_in_processes(runs, jobs, label, again="--reuse=True goes on from them"
                             if kind == "trained":  # its process's whole life: starting it costs time too
                                 trained_units += units[key]
                                 trained_seconds += time.perf_counter() - begun[key]
-                        elif kind == "error" and failed is None:
-                            failed = f"training {key}: {said}"
+                        elif kind in ("error", "failed") and failed is None:
+                            failed, usage = f"training {key}: {said}", kind == "error"
                 except queue.Empty:  # a process that ended without a word (killed from outside, out of memory); one
                     for key, process in list(running.items()):  # that reported has its word in the queue already
                         if process.exitcode is not None and reports.empty():
                             running.pop(key)
                             if not stop and failed is None:
-                                failed = f"training {key}: its process ended with status {process.exitcode}"
+                                failed = f"training {key}: its process ended with status {process.exitcode} " \
+                                    f"(killed, or out of memory); {again.replace('them', 'the runs that finished')}"
                 if stop or failed:
                     for process in running.values():
                         if not getattr(process, "asked_to_stop", False):
@@ -273,8 +288,8 @@ def train_in_processes(runs, jobs, label, again="--reuse=True goes on from them"
         for process in running.values():
             if process.pid is not None:
                 process.kill()
-    if failed:
-        raise UserError(failed)
+    if failed:  # a wrong setting is the user's (status 2); a run that diverged, died or failed is not (1)
+        raise UserError(failed) if usage else Failure(failed)
     if stop:
         print(f"interrupted: {len(outcomes)} of {len(runs)} runs finished and kept ({again}; a run stopped "
               f"mid-way trains again)", flush=True)
@@ -326,8 +341,10 @@ def train_one(key, model, arguments, reuse, threads, reports):
         pass
     except UserError as e:
         outcome = ("error", str(e))
+    except Failure as e:
+        outcome = ("failed", str(e))
     except BaseException:  # noqa: B902  (the parent says it in one line and stops the others)
-        outcome = ("error", traceback.format_exc(limit=-3).strip().splitlines()[-1])
+        outcome = ("failed", traceback.format_exc(limit=-3).strip().splitlines()[-1])
     if parent.is_alive():
         reports.put((key, outcome))
 

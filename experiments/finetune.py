@@ -384,6 +384,16 @@ METRIC = {"speaker": "balanced accuracy", "tampered": "accuracy", "retrieval": "
 SECOND_METRIC = {"speaker": "accuracy", "retrieval": "mrr"}  # shown too
 
 
+def sampling_error(p, examples, class_counts=None):
+    """95% half-width of a score p measured on `examples` evaluation examples: binomial for an accuracy; for a
+    balanced accuracy (the mean of per-class recalls, classes with examples only) each class's recall varies with
+    its own count, so a small class weighs as much as a large one: 1.96 sqrt(sum_c p(1-p)/n_c) / C."""
+    if class_counts:
+        counts = [n for n in class_counts if n > 0]
+        return 1.96 * math.sqrt(sum(p * (1 - p) / n for n in counts)) / len(counts)
+    return 1.96 * math.sqrt(p * (1 - p) / examples)
+
+
 def study_report(data, scale):
     s = data["settings"]
     readers = [f"{name} ({pooling})" for name, pooling in READERS]
@@ -413,11 +423,12 @@ def study_report(data, scale):
                     cells.append(format_metric(values) if values else "-")
                 lines.append(f"| {task} ({metric}) | {mode} | " + " | ".join(cells) + " |")
     lines += ["", "Baselines under the same scoring (no model), and the evaluation set's own sampling error (95% "
-                  "binomial half-width at the majority-class accuracy, or at chance for retrieval):", ""]
+                  "half-width of the table's metric: at the majority-class score, or at chance for retrieval):", ""]
     for task, rules in data["baselines"].items():
         examples = data["examples"][task]
         p = rules["majority class"][METRIC[task]] if "majority class" in rules else 1 / CANDIDATES
-        half_width = 1.96 * math.sqrt(p * (1 - p) / examples["eval"])
+        half_width = sampling_error(p, examples["eval"], examples.get("eval_class_counts")
+                                    if METRIC[task] == "balanced accuracy" else None)
         balance = ", ".join(f"{name} {count}" for name, count in zip(examples["classes"],
                                                                      examples.get("eval_class_counts", [])))
         lines.append(f"- {task} ({examples['train']} training / {examples['eval']} evaluation examples"

@@ -21,8 +21,8 @@ and every later step is "the child of the current node", which the edge list giv
 exactly that later, easy step (the "Clever Hans" cheat), and a model that learns only it picks the arm at random:
 1/d. Written backwards (goal to start, "=eda"), every step is "the parent of the current node": no lookahead at
 all. Evaluation: exact match of the whole path on fresh graphs (none in the training text, tested), beside the rule
-that follows the edges from the start choosing an arm at random (1/d) and the rule that walks back from the goal
-(100%).
+that follows the edges from the start choosing an arm at random (exactly 1/d, computed as an expectation) and the
+rule that walks back from the goal (100%).
 
 Every objective the project has trains on the same text at equal training FLOPs (experiments/equal_compute.py's
 train_all): gpt, gpt on the reversed paths (the positive control: it must solve the task at this budget), bert
@@ -52,7 +52,7 @@ from experiments.study_report import plus_minus
 from infra.configurator import QUICK_NOTE, UserError, run_main
 from infra.dataset import load_dataset
 from infra.progress import format_flops
-from kvcache import UNMASK_ORDERS
+from sample import UNMASK_ORDERS
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", out_dir="results/structural", seed=1337, quiet=True,
                 reuse=False,  # True: load the runs finished earlier with the same settings
@@ -119,27 +119,28 @@ def check_fits(s, scale):
                         f"characters; raise it or make the graphs smaller")
 
 
-def rule_baselines(graphs, degree, rng):
-    """Under the same scoring: follow the edges from the start, choosing an arm at random (what a model that learns
-    only the teacher-forced step can do: 1/d in expectation); walk back from the goal along the parents (exact)."""
-    clever_hans = backwards = 0
+def rule_baselines(graphs, degree):
+    """Under the same scoring, computed exactly (an expectation, not one random draw): follow the edges from the
+    start, choosing uniformly among a node's children where there are several (what a model that learns only the
+    teacher-forced step can do; on a star graph the centre alone branches, so exactly 1/d); walk back from the goal
+    along the parents (exact)."""
+    clever_hans = backwards = 0.0
     for prompt, route in graphs:
         edges = [(e[0], e[1]) for e in prompt.split("/")[0].split(",")]
-        start, goal = prompt.split("/")[1][:2]
+        goal = prompt.split("/")[1][1]
         children = {}
         for a, b in edges:
             children.setdefault(a, []).append(b)
-        walk, node = start, start
-        while node in children:
-            node = children[node][rng.integers(len(children[node]))]
-            walk += node
-        clever_hans += walk == route
+        chance = 1.0  # the probability that the random walk writes exactly the route: each step's child, then a leaf
+        for node, following in zip(route, route[1:]):
+            chance *= (following in children.get(node, [])) / max(1, len(children.get(node, [])))
+        clever_hans += chance * (route[-1] not in children)
         parent, walk, node = {b: a for a, b in edges}, goal, goal
         while node in parent:
             node = parent[node]
             walk = node + walk
         backwards += walk == route
-    return {f"follow the edges, a random arm at the start (1/{degree})": clever_hans / len(graphs),
+    return {f"follow the edges, a random arm at the start (1/{degree}, exactly)": clever_hans / len(graphs),
             "walk back from the goal": backwards / len(graphs)}
 
 
@@ -207,7 +208,7 @@ def report(data, s, scale):
 
 def main():
     config, scale, device = resolve_experiment(DEFAULTS, SCALES, "planning", ())  # result_name checks its files
-    result = result_name(config, MODEL_NAMES, "planning", scale)
+    result = result_name(config, MODEL_NAMES, "planning", scale, SCALES[scale]["gpt_iters"])
     s = SCALES[scale]
     t0 = time.perf_counter()
     rng = np.random.default_rng(config["seed"])
@@ -235,9 +236,10 @@ def main():
     models, checkpoints = select(config, models, work)
     seeds_trained = train_and_evaluate_seeds("planning", models, s, folders["data"], checkpoints, device, meta, config,
                                              evaluate_models)
-    baselines = rule_baselines(eval_graphs, s["degree"], np.random.default_rng(config["seed"] + 2))
+    baselines = rule_baselines(eval_graphs, s["degree"])
     write_seeds(result, config, scale, device, seeds_trained, t0,
-                {"baselines": baselines, "budget_multiple": config["budget"], "sizes": s},
+                {"baselines": baselines, "budget_multiple": config["budget"], "sizes": s,
+                 "evaluation_graphs_in_training": sum(graph_of(prompt) in seen for prompt, _ in eval_graphs)},
                 lambda data: report(data, s, scale))
 
 

@@ -37,8 +37,8 @@ import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while 
 
 import torch
 
-import kvcache
-from infra.configurator import UserError, apply_overrides, pick_device, run_main
+import sample
+from infra.configurator import UserError, apply_overrides, pick_device, read_text_file, run_main
 from infra.pretrained import load_for_sampling
 from infra.progress import Progress, StopSignals, check_writable, format_duration, write_atomically
 from experiments.study import attention_ranks
@@ -52,12 +52,14 @@ FALLBACK_TEXTS = [os.path.join(DATA_DIR, "shakespeare_char", "input.txt"), os.pa
 
 
 def read_text(path):
-    for candidate in [path] if path else FALLBACK_TEXTS:
+    """--text (read as every script reads a text file: one line if it is missing, binary, a folder), else the
+    Tiny Shakespeare a prepare script downloaded (prepare.py --input=... copies no text there: pass --text)."""
+    if path:
+        return read_text_file(path, "--text")[:200_000]
+    for candidate in FALLBACK_TEXTS:
         if os.path.isfile(candidate):
-            with open(candidate, encoding="utf-8") as f:
-                return f.read()[:200_000]
-    raise UserError("no text: pass --text=<a UTF-8 file>, or prepare one (python data/shakespeare_char/prepare.py)"
-                    if not path else f"--text={path} is not a file")
+            return read_text_file(candidate, "text")[:200_000]
+    raise UserError("no text: pass --text=<a UTF-8 file> (for example your copy of Tiny Shakespeare's input.txt)")
 
 
 # ----------------------------------------------------------------------------- C4
@@ -156,7 +158,7 @@ def cloze(gpt, gpt_tok, bert, bert_tok, text, blanks, rng):
 
 def decoding_speed(gpt, gpt_tok, text, new_tokens, device):
     prompt = torch.tensor([gpt_tok.encode(text)[:64]], device=device)
-    seconds = {mode: median_time(lambda: kvcache.generate(gpt, prompt, new_tokens, top_k=1, use_cache=mode == "cached"),
+    seconds = {mode: median_time(lambda: sample.generate(gpt, prompt, new_tokens, top_k=1, use_cache=mode == "cached"),
                                  device, repeats=3, warmup=1) for mode in ("cached", "recomputed")}
     weight_bytes = sum(p.numel() * p.element_size() for p in gpt.parameters())
     floor = weight_bytes / (copy_bandwidth(device) / 2)  # seconds to read every weight once

@@ -236,7 +236,7 @@ def report(data, s, scale):
 
 def main():
     config, scale, device = resolve_experiment(DEFAULTS, SCALES, "reversal", ())  # result_name checks its files
-    result = result_name(config, MODEL_NAMES, "reversal", scale)
+    result = result_name(config, MODEL_NAMES, "reversal", scale, SCALES[scale]["gpt_iters"])
     s = SCALES[scale]
     t0 = time.perf_counter()
     rng = np.random.default_rng(config["seed"])

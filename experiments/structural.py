@@ -6,7 +6,7 @@ dataset written like any prepared one, the one way each architecture fills the a
     suffix layout   the answer follows the prompt ("kxqb>" -> "MZRT"):
                     gpt, prefixlm  greedy, left to right (prefixlm: the prompt is its bidirectional prefix)
                     bert           [MASK] in every slot, then what follows them in a training window (the newline
-                                   and the next line), filled by kvcache.unmask
+                                   and the next line), filled by sample.unmask
                     t5             the prompt, <S0> for the slots and what follows them to the encoder; the
                                    decoder writes <S0> then the answer, greedy
     infill layout   the slots stand inside the prompt as [MASK]s ("????>MZRT" -> "kxqb"): what only a model that
@@ -29,7 +29,7 @@ import time
 import numpy as np
 import torch
 
-import kvcache
+import sample
 from data.prepare_common import write_dataset
 from experiments.equal_compute import machine_line
 from infra.configurator import UserError
@@ -50,7 +50,7 @@ def compared_models(reversed_dataset):
     return [(name, arch, objective, dict(SETTINGS, **extra)) for name, arch, objective, extra in models]
 
 
-def result_name(config, names, name, scale):
+def result_name(config, names, name, scale, gpt_iters=None):
     """Check --models (all, or some of `names`, comma-separated) and --budget (a multiple of the scale's FLOPs
     budget: at what budget does a model that fails the positive control pass?) before any work, and name the
     result: <name>-<scale>, plus the models' names and -x<budget> when they are not the defaults (a partial run
@@ -61,6 +61,9 @@ def result_name(config, names, name, scale):
     wanted = [n for n in names if n in asked]  # in the experiment's order, each once: one name per set
     if not isinstance(config["budget"], (int, float)) or not 0 < config["budget"] <= 1000:
         raise UserError(f"--budget={config['budget']}: a multiple of the scale's FLOPs budget, in (0, 1000]")
+    if gpt_iters and config["budget"] * gpt_iters < 1:  # a run trains whole steps: at least one
+        raise UserError(f"--budget={config['budget']:g}: {config['budget'] * gpt_iters:.3g} gpt iterations is less than "
+                        f"one training step; use --budget={1 / gpt_iters:.3g} or more")
     result = f"{name}-{scale}" + ("" if config["models"] == "all" else "-" + "-".join(wanted)) \
         + ("" if config["budget"] == 1 else f"-x{config['budget']:g}")
     check_writable([os.path.join(config["out_dir"], result + extension) for extension in (".md", ".json")])
@@ -138,7 +141,7 @@ def fill_slots(model, prompts, slots, specials, stoi, order="confident", after="
         x = torch.cat([ids, torch.full((len(prompts), len(slots)), specials.mask, device=device), tail], dim=1) \
             if suffix else torch.cat([ids, tail], dim=1)
         x[:, slots] = specials.mask
-        kvcache.unmask(model, x, len(slots), specials.mask, temperature=0, order=order, banned=banned)
+        sample.unmask(model, x, len(slots), specials.mask, temperature=0, order=order, banned=banned)
         out = x[:, slots]
     else:  # t5: the slots become one span, <S0>, in the encoder's input; the decoder writes the span
         start, end = slots[0], slots[-1] + 1
@@ -197,7 +200,9 @@ def write_seeds(result, config, scale, device, seeds_trained, started, extra, re
     runs, budget, interrupted = seeds_trained
     if not runs:
         raise KeyboardInterrupt  # run_main says what is kept
-    data = dict({"scale": scale, "machine": machine_line(device, config), "seeds": [run["seed"] for run in runs],
+    runs_trained = sum(len(run["models"]) for run in runs)
+    data = dict({"scale": scale, "machine": machine_line(device, config, runs_trained),
+                 "seeds": [run["seed"] for run in runs],
                  "runs": runs, "interrupted": interrupted, "budget_flops": budget,
                  "seconds": time.perf_counter() - started}, **extra)
     write_results(config["out_dir"], result, data, report(data))

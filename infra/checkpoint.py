@@ -19,16 +19,18 @@ from dataclasses import fields
 
 import torch
 
-from infra.configurator import UserError
+from infra.configurator import Failure, UserError
 from infra.train_config import MODEL_KEYS
 from infra.dataset import META_KEYS
+from infra.published_model import PublishedConfig, published_model
 from model import ModelConfig, Transformer
+from objectives import OBJECTIVES_FOR_ARCH
 
 CHECKPOINT_KEYS = ("model", "optimizer", "config", "model_config", "meta", "iter_num", "best_val_loss", "flops_done",
                    "rng")
 
 
-class CheckpointWriteFailed(Exception):
+class CheckpointWriteFailed(Failure):
     """The disk refused a save (full, a file-size limit, gone): one line, exit status 1."""
 
 
@@ -73,7 +75,9 @@ def load_checkpoint(path, device="cpu"):
     if os.path.isdir(path):
         raise UserError(f"{path} is a folder, not a checkpoint: pass the ckpt.pt (or best.pt) file inside a run")
     if not os.path.exists(path):
-        raise UserError(f"no checkpoint at {path}: train first (python train.py ...) or fix --out_dir")
+        here = sorted(d for d in os.listdir(".") if os.path.isfile(os.path.join(d, os.path.basename(path))))
+        found = f" (here: {', '.join('--out_dir=' + d for d in here[:4])})" if here else ""
+        raise UserError(f"no checkpoint at {path}: train first (python train.py ...) or fix --out_dir{found}")
     if not stat.S_ISREG(os.stat(path).st_mode):  # torch.load would wait on a pipe forever
         raise UserError(f"{path} is not a regular file (a pipe or a device): pass the ckpt.pt written by train.py")
     try:
@@ -101,12 +105,15 @@ def checkpoint_problem(checkpoint):
         wrong = ["meta"]
     if wrong:
         return f"has {', '.join(wrong)} of the wrong type"
-    unknown = sorted(set(checkpoint["model_config"]) - {f.name for f in fields(ModelConfig)})
+    known = fields(PublishedConfig if "family" in checkpoint["model_config"] else ModelConfig)
+    unknown = sorted(set(checkpoint["model_config"]) - {f.name for f in known})
     if unknown:
         return f"has model settings this version does not know: {', '.join(unknown)}"
-    if not isinstance(checkpoint["config"].get("arch"), str) or not isinstance(checkpoint["config"].get("objective"),
-                                                                              str):
+    arch, objective = checkpoint["config"].get("arch"), checkpoint["config"].get("objective")
+    if not isinstance(arch, str) or not isinstance(objective, str):
         return "names no arch or objective in its config"
+    if objective not in OBJECTIVES_FOR_ARCH.get(arch, ()):
+        return f"names an objective {objective!r} that arch {arch!r} does not have"
     meta = checkpoint["meta"]
     if meta["tokenizer"] == "char" and not (isinstance(meta.get("stoi"), dict) and isinstance(meta.get("itos"), list)
                                             and len(meta["itos"]) == meta["num_ordinary"] == len(meta["stoi"])):
@@ -121,7 +128,9 @@ def checkpoint_problem(checkpoint):
 def model_from_checkpoint(checkpoint, path):
     """The Transformer a checkpoint describes, with its weights; a mismatch is a UserError, not a traceback."""
     try:
-        model = Transformer(ModelConfig(**checkpoint["model_config"]))
+        settings = checkpoint["model_config"]  # a fine-tuned published model names its family
+        model = published_model(PublishedConfig(**settings)) if "family" in settings else \
+            Transformer(ModelConfig(**settings))
     except (ValueError, TypeError) as e:
         raise UserError(f"{path}: its model settings cannot be built ({e}); retrain") from None
     return load_weights(model, checkpoint, path)

@@ -26,16 +26,26 @@ class UserError(Exception):
     """A mistake the user can fix: printed as one line, exit status 2."""
 
 
+class Failure(Exception):
+    """Work that failed, not a wrong command (a full disk, a run that diverged or died): one line, exit status 1."""
+
+
 def run_main(main, interrupted="nothing written"):
     """Run a command's main: a UserError is one line on stderr and exit status 2; Ctrl-C or SIGTERM outside the
     command's own stop handling ends with one line saying what is kept (`interrupted`), status 130; standard output
     closed early (`| head`) ends silently, as Unix tools do; standard output that cannot be written (a full disk)
     is one line, status 1. Under torchrun only the first process prints."""
     prog = os.path.basename(sys.argv[0]) or "python"
-    quiet = os.environ.get("RANK", "0") != "0"  # torchrun: the others would print the same line again
+    rank, world = os.environ.get("RANK", "0"), os.environ.get("WORLD_SIZE", "1")
+    # torchrun: the other processes would print the same line again (a stray RANK of no such world still speaks)
+    quiet = rank.isdigit() and world.isdigit() and 0 < int(rank) < int(world)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # (quiet_interrupts silenced the imports)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)  # SIGTERM: the same clean ending as Ctrl-C
+    if sys.stdout is None:  # started with standard output closed (>&-): what would be printed goes nowhere
+        sys.stdout = open(os.devnull, "w")
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")
     for stream in (sys.stdout, sys.stderr):  # a character the terminal cannot show is escaped, never an error
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
@@ -46,6 +56,9 @@ def run_main(main, interrupted="nothing written"):
     except UserError as e:
         _say(quiet, f"{prog}: error: {e}")
         sys.exit(2)
+    except Failure as e:
+        _say(quiet, f"{prog}: error: {e}")
+        sys.exit(1)
     except KeyboardInterrupt:
         _say(quiet, f"{prog}: interrupted; {interrupted}")
         sys.exit(130)
@@ -169,6 +182,8 @@ def apply_overrides(defaults, argv):
                 value = ast.literal_eval(text)
             except (ValueError, SyntaxError):
                 value = text  # not a Python literal: reported as the wrong type below
+            if isinstance(defaults[key], float) and text.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
+                value = float(text)  # a number, not a literal: refused below as not finite, like a config file's
         config[key] = _check_type(key, value, defaults[key])
     for key, check in (("seed", check_seed), ("device", check_device)):  # the options every script shares
         if key in config:

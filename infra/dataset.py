@@ -99,7 +99,7 @@ def get_windows(path, batch_size, block_size, rng):
     identity = file_identity(path)
     if PREPARED.get(os.path.abspath(path), identity) != identity:  # prepared again, or copied over, mid-run
         raise UserError(f"{path} changed while this run was reading it (was the dataset prepared again?): its "
-                        f"windows would mix two texts; start the run again (or --init_from=resume)")
+                        f"windows would mix two texts; start the run again (with --init_from=resume if it saved a checkpoint)")
     data = np.memmap(path, dtype=np.uint16, mode="r")
     starts = rng.integers(0, len(data) - block_size - 1, size=batch_size)
     return torch.from_numpy(np.stack([data[i:i + block_size + 1].astype(np.int64) for i in starts]))

@@ -13,6 +13,28 @@ import torch
 from infra.configurator import UserError, pick_device
 
 
+TORCHRUN = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # what torchrun sets, every one
+
+
+def under_torchrun():
+    """Data parallel only in a complete, consistent torchrun environment; a stray RANK (or a partial set) is refused
+    in one line, where init_process_group would raise a traceback or wait half an hour for peers."""
+    present = [name for name in TORCHRUN if name in os.environ]
+    if not present:
+        return False
+    missing = [name for name in TORCHRUN if name not in os.environ]
+    try:
+        rank, world, local = (int(os.environ[n]) for n in ("RANK", "WORLD_SIZE", "LOCAL_RANK")) if not missing \
+            else (0, 1, 0)
+    except ValueError:
+        missing = ["RANK, WORLD_SIZE and LOCAL_RANK as whole numbers"]
+    if missing or not (0 <= rank < world and 0 <= local <= rank):
+        raise UserError(f"the environment sets {', '.join(present)} but not a consistent torchrun set "
+                        f"({', '.join(missing) if missing else f'RANK={rank} of WORLD_SIZE={world}'}): start data "
+                        f"parallel runs with torchrun, or unset {', '.join(present)}")
+    return True
+
+
 class Processes:
     def __init__(self, config):
         self.ddp = int(os.environ.get("RANK", -1)) != -1
@@ -101,3 +123,27 @@ class Processes:
         if error:
             raise UserError(error)
         return result
+
+
+def run_under_torchrun(config, run):
+    """One process of a torchrun job: join the process group, run(), and leave through os._exit whatever the
+    ending, finished or failed: gloo's transport threads can be destroyed still running in the interpreter's C++
+    teardown (SIGABRT, exit status 134; docs/reliability.md). run() must have closed its files by then."""
+    import gc
+    import sys
+    import traceback
+    from torch.distributed import destroy_process_group, init_process_group
+    init_process_group(backend="nccl" if torch.cuda.is_available() and config["device"] != "cpu" else "gloo")
+    status = 0
+    try:
+        run()
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # not one of ours: show it, as Python would, then leave the same way
+        traceback.print_exc()
+        status = 1
+    gc.collect()  # the DDP wrapper holds the process group: free it while the interpreter is whole
+    destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -6,10 +6,9 @@ config; the model that runs is model.Transformer, so every claim test and measur
     model, tokenizer = load_pretrained("gpt2")          # or "gpt2-medium", "bert-base-uncased", "t5-small", a folder
 
 Each family is one config translation and one table of names, read top to bottom: our parameter name <- theirs
-(with "{i}" for the layer). The few things our modules gained to hold these models exactly are options of the
-same modules (model.ModelConfig): BERT's post-norm, segment embeddings, exact GELU and output transform; T5's
-RMSNorm, relative position bias, unscaled attention scores and ReLU. Their defaults are ours, so nothing else
-changes.
+(with "{i}" for the layer). What BERT and T5 compute differently from model.py (BERT's post-norm, segment
+embeddings, exact GELU and output transform; T5's RMSNorm, relative position bias, unscaled attention scores and
+ReLU) is built on the same modules in infra/published_model.py.
 """
 import os
 import socket
@@ -18,7 +17,8 @@ import torch
 
 from infra.configurator import UserError
 from infra.dataset import Tokenizer, tiktoken_encoding
-from model import Attention, ModelConfig, Transformer
+from infra.published_model import PublishedConfig, published_model
+from model import Attention
 from objectives import Specials
 
 # Every table: our module <- their module (its weight and, where it has one, bias), "{i}" the layer. Two marks:
@@ -42,9 +42,9 @@ GPT2_MODEL = {"token_embedding": "transformer.wte", "position_embedding": "trans
 def gpt2_config(hf):
     if hf.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
         raise UserError(f"GPT-2 with activation {hf.activation_function!r} is not supported (gelu_new only)")
-    return ModelConfig(arch="gpt", vocab_size=hf.vocab_size, block_size=hf.n_positions, n_layer=hf.n_layer,
-                       n_head=hf.n_head, n_embd=hf.n_embd, d_ff=hf.n_inner or 4 * hf.n_embd, bias=True,
-                       norm_eps=hf.layer_norm_epsilon)
+    return PublishedConfig(family="gpt2", arch="gpt", vocab_size=hf.vocab_size, block_size=hf.n_positions,
+                           n_layer=hf.n_layer, n_head=hf.n_head, n_embd=hf.n_embd, d_ff=hf.n_inner or 4 * hf.n_embd,
+                           bias=True, norm_eps=hf.layer_norm_epsilon)
 
 
 def conv1d_as_linear(theirs, name, n_embd):
@@ -81,10 +81,11 @@ def bert_config(hf):
     if activation is None or positions != "absolute":
         raise UserError(f"BERT with activation {hf.hidden_act!r} and positions {positions!r} is not "
                         f"supported (gelu or relu, absolute positions)")
-    return ModelConfig(arch="bert", vocab_size=hf.vocab_size, block_size=hf.max_position_embeddings,
-                       n_layer=hf.num_hidden_layers, n_head=hf.num_attention_heads, n_embd=hf.hidden_size,
-                       d_ff=hf.intermediate_size, bias=True, norm_eps=hf.layer_norm_eps, activation=activation,
-                       post_norm=True, segment_vocab_size=hf.type_vocab_size, mlm_head=True)
+    return PublishedConfig(family="bert", arch="bert", vocab_size=hf.vocab_size,
+                           block_size=hf.max_position_embeddings, n_layer=hf.num_hidden_layers,
+                           n_head=hf.num_attention_heads, n_embd=hf.hidden_size, d_ff=hf.intermediate_size,
+                           bias=True, norm_eps=hf.layer_norm_eps, activation=activation,
+                           segment_vocab_size=hf.type_vocab_size)
 
 
 # ----------------------------------------------------------------------------- T5
@@ -124,12 +125,12 @@ def t5_config(hf):
         raise UserError(f"T5 with {hf.feed_forward_proj!r} feed-forward, heads of {hf.d_kv} x {hf.num_heads} for "
                         f"width {hf.d_model}, tied={hf.tie_word_embeddings} is not supported: the original T5 "
                         f"(t5-small/base/large: relu, d_kv * heads = d_model, tied embeddings) is")
-    return ModelConfig(arch="t5", vocab_size=hf.vocab_size, block_size=hf.n_positions if hasattr(hf, "n_positions")
-                       else 512, n_layer=hf.num_layers, n_decoder_layer=hf.num_decoder_layers, n_head=hf.num_heads,
-                       n_embd=hf.d_model, d_ff=hf.d_ff, bias=False, position="relative", norm="rmsnorm",
-                       norm_eps=hf.layer_norm_epsilon, activation="relu", scale_attention=False,
-                       scale_tied_output=True, relative_buckets=hf.relative_attention_num_buckets,
-                       relative_max_distance=hf.relative_attention_max_distance)
+    return PublishedConfig(family="t5", arch="t5", vocab_size=hf.vocab_size,
+                           block_size=hf.n_positions if hasattr(hf, "n_positions") else 512, n_layer=hf.num_layers,
+                           n_decoder_layer=hf.num_decoder_layers, n_head=hf.num_heads, n_embd=hf.d_model,
+                           d_ff=hf.d_ff, bias=False, position="relative", norm_eps=hf.layer_norm_epsilon,
+                           activation="relu", relative_buckets=hf.relative_attention_num_buckets,
+                           relative_max_distance=hf.relative_attention_max_distance)
 
 
 # ----------------------------------------------------------------------------- the loader
@@ -319,7 +320,7 @@ def dataset_meta(name_or_folder, family, hf):
 def build(hf_config, theirs, source, device):
     family = hf_config.model_type
     config = FAMILIES[family][0](hf_config)
-    model = Transformer(config)  # random init first (a second or two for GPT-2 small), then overwritten
+    model = published_model(config)  # random init first (a second or two for GPT-2 small), then overwritten
     load_weights_into(model, convert_state_dict(family, config, theirs), source)
     return model.to(device).eval(), family
 

@@ -1,19 +1,25 @@
 """
-Run control: everything a training run must keep track of and agree on that is not learning itself, so that
-train.py's loop reads as nanoGPT's (learning rate, evaluate and save, micro-steps, clip, step, log).
+Run control: what a training run must keep track of and agree on beside learning, so that train.py's loop
+shows only learning, evaluation, saving and the log line (as nanoGPT's does):
 
-    with RunControl(config, processes, ...) as run:     # out_dir locked, log opened, Ctrl-C / SIGTERM caught
+    with RunControl(config, setup, ...) as run:   # out_dir locked, log opened, Ctrl-C / SIGTERM caught
         while True:
             if iter_num % eval_interval == 0 or run.finished(iter_num):
-                run.evaluate_and_save(iter_num, evaluate, checkpoint_state)
+                losses = estimate_loss(...) if run.evaluates() else None   # the master evaluates
+                save, best = run.decide(iter_num, losses)                  # every process learns the decision
+                if save:
+                    run.write_checkpoints(checkpoint_state(...), best)
+                run.evaluation_done(iter_num, save)
             if run.finished(iter_num):
                 break
             ...one optimisation step...
-            run.step_done(iter_num, loss, flops, tokens, supervised)   # counters, divergence, the log line, ETA
+            line = run.step_done(iter_num, loss, flops, tokens, supervised)  # counters, divergence, ETA
+            if line:
+                log(f"iter {iter_num}: loss {line.loss:.4f}, ...")
 
 What lives here:
-- one stop flag (`run.stop`): a signal on any process becomes a stop every process agrees on (signals arrive
-  unevenly), so that they all reach the same save together;
+- one stop flag (`run.stopped`; `run.signals` hears the signals): a signal on any process becomes a stop every
+  process agrees on (signals arrive unevenly), so that they all reach the same save together;
 - the master decides, every process follows: the master evaluates and decides whether to save, diverge or stop,
   and broadcasts; every process joins the save (its RNG state goes into the checkpoint);
 - divergence: the losses stay on the device and are read back at log and save time (one sync, not one per step),
@@ -25,22 +31,33 @@ What lives here:
 import math
 import os
 import time
+from types import SimpleNamespace
 
 import torch
 
 from infra.checkpoint import OutDirLock, RunLog, remove_quietly, save_checkpoint
-from infra.configurator import UserError
+from infra.configurator import Failure, UserError, apply_overrides
 from infra.progress import StopSignals, format_duration
-from infra.timing import mfu_text
+from infra.timing import matmul_flops_per_second, mfu_text
 
 
-class TrainingDiverged(Exception):
+class TrainingDiverged(Failure):
     """A non-finite loss or weight: stop without saving (exit status 1)."""
 
 
 def format_mfu(flops_per_second, peak):
     """MFU against the matmul rate measured at start, or a question mark where that measurement failed."""
     return f"mfu {mfu_text(flops_per_second, peak)}"
+
+
+def peak_doubt(at_start, again):
+    """One rule for every log line: the matmul rate measured at start is trusted only if a second measurement, at
+    the first log line, agrees within 2x (a machine busy during either reports too low a rate). Returns None, or
+    the text every MFU figure of the run is replaced by."""
+    if max(at_start, again) > 2 * min(at_start, again):
+        return (f"mfu ? (the matmul rate measured {at_start / 1e12:.3f}, then {again / 1e12:.3f} TFLOP/s: a busy "
+                f"machine, no MFU figure can be trusted)")
+    return None
 
 
 def project_run(seconds_per_eval_batch, iterations, config, device, cpu_recipe, is_cpu_recipe):
@@ -64,25 +81,28 @@ def project_run(seconds_per_eval_batch, iterations, config, device, cpu_recipe, 
 
 
 class RunControl:
-    def __init__(self, config, processes, log, iter_num, end_iter, best_val_loss, flops_done, peak_flops,
-                 seconds_between_lines, cpu_recipe, is_cpu_recipe):
-        self.config, self.processes, self.log = config, processes, log
-        self.master, self.out_dir = processes.master, config["out_dir"]
+    def __init__(self, config, setup, cpu_recipe, is_cpu_recipe, seconds_between_lines):
+        """setup: train.prepare's namespace (processes, log, iter_num, end_iter, best_val_loss, flops_done,
+        peak_flops); cpu_recipe: the command the projection advises on a CPU, unless this run is the recipe."""
+        self.config, self.processes, self.log = config, setup.processes, setup.log
+        self.master, self.out_dir = setup.processes.master, config["out_dir"]
         self.fresh = config["init_from"] != "resume"
-        self.first_iter, self.end_iter = iter_num, end_iter
-        self.best_val_loss, self.flops_done, self.peak_flops = best_val_loss, flops_done, peak_flops
+        self.first_iter, self.end_iter = setup.iter_num, setup.end_iter
+        self.best_val_loss, self.flops_done, self.peak_flops = setup.best_val_loss, setup.flops_done, setup.peak_flops
+        self.peak_dtype, self.mfu_doubt, self.lines = setup.peak_dtype, None, 0
         self.tokens_seen = self.supervised_seen = 0
         self.last_losses = {}
         self.seconds_between_lines = seconds_between_lines
         self.cpu_recipe, self.is_cpu_recipe = cpu_recipe, is_cpu_recipe
-        self.signals = StopSignals("stopping: saving a checkpoint first", log)
-        self.stop = False  # the one stop flag: every process has heard of it, or the master decided it
+        self.signals = StopSignals("stopping: saving a checkpoint first", self.log)
+        self.stopped = False  # the one stop flag: every process has heard of it, or the master decided it
+        self.cut_short = False  # a stop came during an evaluation
         self.pending_losses = []  # (iteration, loss on the device), read back at log and save time
         self.lock = self.run_log = None
         self.created = False
         self.saved_at = None  # the iteration of the last checkpoint this run wrote
         self.clock, self.timed_iters, self.last_line = time.perf_counter(), 0, time.perf_counter()
-        self.flops_at_clock = flops_done  # the rate of a FLOPs budget's spending, since the last log line
+        self.flops_at_clock = setup.flops_done  # the rate of a FLOPs budget's spending, since the last log line
 
     # ---- the out_dir, for the run's whole life
     def __enter__(self):
@@ -122,7 +142,7 @@ class RunControl:
 
     # ---- when to stop
     def finished(self, iter_num):
-        return self.stop or iter_num >= self.config["max_iters"] or \
+        return self.stopped or iter_num >= self.config["max_iters"] or \
             bool(self.config["max_flops"] and self.flops_done >= self.config["max_flops"])
 
     def last_good_checkpoint(self):
@@ -146,50 +166,66 @@ class RunControl:
                 self.run_log.write({"iter": it, "loss": value})
         pending.clear()
 
-    # ---- evaluate and save
-    def evaluate_and_save(self, iter_num, evaluate, checkpoint_state):
-        """The master evaluates (`evaluate(on_first_batches)` -> {"train": loss, "val": loss}, or None when a
-        signal came during it) and decides; every process follows: save (each its RNG state), diverge, or stop."""
+    # ---- evaluate and save: the master evaluates and decides, every process follows
+    def evaluates(self):
+        """Does this process evaluate now? The master, unless the run is already stopping."""
+        return self.master and not self.stopped
+
+    def decide(self, iter_num, losses):
+        """After the master's evaluation (losses: {"train", "val"}; None when a signal cut it short, or on the
+        other processes): every process learns whether to save and whether to stop; a non-finite loss stops
+        them all without saving. Returns (save, best): write ckpt.pt, and best.pt too."""
         self.check_losses()
-        finished = self.finished(iter_num)
-        stopping, diverged, losses, cut_short = self.stop, None, None, False
+        stopping, diverged, best = self.stopped, None, False
         save = stopping and not self.config["eval_only"]
         if self.master and not stopping:
-            first = iter_num == self.first_iter
-            losses = evaluate(self.project if first else None)
             if losses is None:  # a signal during evaluation: save what the last step left, and stop
-                save, stopping, cut_short = not self.config["eval_only"], True, True
+                save, stopping, self.cut_short = not self.config["eval_only"], True, True
             elif not all(math.isfinite(v) for v in losses.values()):
                 diverged = (f"the validation loss is {losses['val']} at iteration {iter_num}; stopped without "
                             f"saving. Last good checkpoint: {self.last_good_checkpoint()}")
             else:
-                self.log(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
-                         + loss_in_bits(self.config["objective"], losses["val"]), flush=True)
                 self.run_log.write({"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"]})
                 self.last_losses = losses
-                improved = losses["val"] < self.best_val_loss
+                improved, best = losses["val"] < self.best_val_loss, losses["val"] <= self.best_val_loss
                 self.best_val_loss = min(self.best_val_loss, losses["val"])
                 save = iter_num > 0 and not self.config["eval_only"] and \
-                    (improved or self.config["always_save_checkpoint"] or finished)
+                    (improved or self.config["always_save_checkpoint"] or self.finished(iter_num))
         save, diverged, stopping = self.processes.from_master([save, diverged, stopping])
         if diverged:
             raise TrainingDiverged(diverged)
-        if save:
-            state = checkpoint_state()
-            if self.master:
-                self.write_checkpoints(state, best=losses is not None and losses["val"] <= self.best_val_loss)
-        if stopping:
-            self.stop = True
-            saved = f"saved {os.path.join(self.out_dir, 'ckpt.pt')} at iteration {iter_num}" if save else \
+        self.stopped = stopping
+        return save, best
+
+    def write_checkpoints(self, state, best):
+        """The master writes ckpt.pt always, best.pt when the validation loss improved; never weights that are
+        not finite. Every process calls it (each gathered its RNG state into `state`)."""
+        if not self.master:
+            return
+        if not all(torch.isfinite(p).all() for p in state["model"].values() if p.is_floating_point()):
+            raise TrainingDiverged(f"the weights became non-finite before iteration {state['iter_num']}; stopped "
+                                   f"without saving. Last good checkpoint: {self.last_good_checkpoint()}")
+        save_checkpoint(state, os.path.join(self.out_dir, "ckpt.pt"))
+        self.saved_at = state["iter_num"]
+        if best:
+            save_checkpoint(state, os.path.join(self.out_dir, "best.pt"))
+        self.run_log.sync()  # the log is on disk up to the checkpoint
+
+    def evaluation_done(self, iter_num, saved):
+        """A stop says what was saved and how to go on; the clock restarts (evaluating and saving are not training
+        time)."""
+        if self.stopped:
+            where = f"saved {os.path.join(self.out_dir, 'ckpt.pt')} at iteration {iter_num}" if saved else \
                 "nothing saved"
-            self.log(f"interrupted: {saved}; resume with the same command plus --init_from=resume"
-                     + (" (it repeats the evaluation that was cut short)" if save and cut_short else ""))
-        self.clock, self.timed_iters = time.perf_counter(), 0  # evaluation and saving are not training time
+            again = "the same command" if not self.fresh else "the same command plus --init_from=resume"
+            self.log(f"interrupted: {where}; resume with {again}"
+                     + (" (it repeats the evaluation that was cut short)" if saved and self.cut_short else ""))
+        self.clock, self.timed_iters = time.perf_counter(), 0
         self.flops_at_clock = self.flops_done
 
     def say_how_it_ended(self, iter_num):
         """The last line of a run that was not stopped: where its checkpoint is, and what to run next."""
-        if self.stop:
+        if self.stopped:
             return
         if self.saved_at is None:
             why = "--eval_only" if self.config["eval_only"] else f"--max_iters={self.config['max_iters']}"
@@ -204,53 +240,69 @@ class RunControl:
                                 self.processes.device, self.cpu_recipe, self.is_cpu_recipe):
             self.log(line, flush=True)
 
-    def write_checkpoints(self, state, best):
-        """ckpt.pt always, best.pt when the validation loss improved; never weights that are not finite."""
-        if not all(torch.isfinite(p).all() for p in state["model"].values() if p.is_floating_point()):
-            raise TrainingDiverged(f"the weights became non-finite before iteration {state['iter_num']}; stopped "
-                                   f"without saving. Last good checkpoint: {self.last_good_checkpoint()}")
-        save_checkpoint(state, os.path.join(self.out_dir, "ckpt.pt"))
-        self.saved_at = state["iter_num"]
-        if best:
-            save_checkpoint(state, os.path.join(self.out_dir, "best.pt"))
-        self.run_log.sync()  # the log is on disk up to the checkpoint
-
     # ---- after each optimisation step
     def step_done(self, iter_num, loss, flops, tokens, supervised):
-        """Count (claim C1: tokens the model computed, and the ones the loss read), agree on the totals and on
-        stopping, and print the log line every log_interval iterations or SECONDS_BETWEEN_LINES seconds."""
+        """Count (claim C1: tokens the model computed, and the ones the loss read) and agree on the totals and on
+        stopping. Every log_interval iterations (or SECONDS_BETWEEN_LINES seconds) returns what the log line says:
+        a namespace of loss, dt (s/iter), tokens, supervised (per iteration), mfu (text) and left (s); else None."""
         self.pending_losses.append((iter_num, loss))
         line_due = time.perf_counter() - self.last_line > self.seconds_between_lines
-        flops, tokens, supervised, stop, line_due = self.processes.sum(
+        flops, tokens, supervised, asked, line_due = self.processes.sum(
             [float(flops), float(tokens), float(supervised), float(bool(self.signals)), float(line_due)])
         self.flops_done += flops
         self.tokens_seen += int(tokens)
         self.supervised_seen += int(supervised)
         self.timed_iters += 1
-        self.stop = bool(stop)
-        if iter_num % self.config["log_interval"] == 0 or line_due or self.stop:
-            loss_value = self.pending_losses[-1][1].item()  # one sync per log line
-            self.check_losses()
-            now = time.perf_counter()
-            dt = (now - self.clock) / self.timed_iters  # mean over the iterations since the last log line
-            left = (self.config["max_iters"] - iter_num - 1) * dt
-            budget = self.config["max_flops"]
-            if budget:  # or the FLOPs budget ends it first: what is left of that, at the rate since the last line
-                # (a step's FLOPs vary with the objective's draws: the planned iteration count is an estimate)
-                spent = max(1.0, self.flops_done - self.flops_at_clock)
-                left = min(left, max(0.0, budget - self.flops_done) * (now - self.clock) / spent)
-            self.clock, self.timed_iters, self.last_line, self.flops_at_clock = now, 0, now, self.flops_done
-            self.log(f"iter {iter_num}: loss {loss_value:.4f}, {dt * 1000:.1f} ms/iter, {tokens / dt:,.0f} tok/s, "
-                     f"{supervised / dt:,.0f} supervised tok/s, "
-                     f"{format_mfu(flops / self.processes.world_size / dt, self.peak_flops)}, {1 / dt:.2f} it/s, "
-                     f"~{format_duration(left)} left", flush=True)
-            if self.config["quiet"] and self.master and line_due:  # a quiet run (an experiment's) still talks
-                where = f" ({100 * min(1.0, self.flops_done / budget):.0f}% of its FLOPs budget)" if budget else \
-                    f"/{self.end_iter}"
-                print(f"  iteration {iter_num + 1}{where}: loss {loss_value:.4f}, ~{format_duration(left)} left in "
-                      f"this run", flush=True)
-        if self.stop:  # perhaps only another process was asked: stop together
+        self.stopped = bool(asked)
+        if self.stopped:  # perhaps only another process was asked: stop together
             self.signals.requested = True
+        if not (iter_num % self.config["log_interval"] == 0 or line_due or self.stopped):
+            return None
+        loss_value = self.pending_losses[-1][1].item()  # one sync per log line
+        self.check_losses()
+        now = time.perf_counter()
+        dt = (now - self.clock) / self.timed_iters  # mean over the iterations since the last log line
+        left = (self.config["max_iters"] - iter_num - 1) * dt
+        budget = self.config["max_flops"]
+        if budget:  # or the FLOPs budget ends it first: what is left of that, at the rate since the last line
+            # (a step's FLOPs vary with the objective's draws: the planned iteration count is an estimate)
+            spent = max(1.0, self.flops_done - self.flops_at_clock)
+            left = min(left, max(0.0, budget - self.flops_done) * (now - self.clock) / spent)
+        self.clock, self.timed_iters, self.last_line, self.flops_at_clock = now, 0, now, self.flops_done
+        if self.config["quiet"] and self.master and line_due:  # a quiet run (an experiment's) still talks
+            where = f" ({100 * min(1.0, self.flops_done / budget):.0f}% of its FLOPs budget)" if budget else \
+                f"/{self.end_iter}"
+            print(f"  iteration {iter_num + 1}{where}: loss {loss_value:.4f}, ~{format_duration(left)} left in "
+                  f"this run", flush=True)
+        self.lines += 1
+        if self.lines == 1:  # the peak measured at start, checked once against a second measurement
+            self.mfu_doubt = peak_doubt(self.peak_flops, matmul_flops_per_second(
+                self.processes.device, self.peak_dtype, seconds=0.2))
+            self.clock = self.last_line = time.perf_counter()  # (not training time)
+        mfu = format_mfu(flops / self.processes.world_size / dt, self.peak_flops)
+        if self.mfu_doubt is None and mfu.startswith("mfu ?"):  # above 100%: no later line trusts the peak either
+            self.mfu_doubt = mfu
+        return SimpleNamespace(loss=loss_value, dt=dt, tokens=tokens, supervised=supervised, left=left,
+                               mfu=self.mfu_doubt or mfu)
+
+
+def is_cpu_recipe(config, defaults, recipe):
+    """Does this run train what the CPU recipe (a config file) trains: its model, batch and length? Then the
+    projection never advises it."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    recipe = apply_overrides(defaults, [os.path.join(root, recipe)])
+    keys = ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "max_iters", "eval_iters")
+    return all(config[k] == recipe[k] for k in keys)
+
+
+def out_of_memory_line(error, config):
+    """The one line for a RuntimeError that is an out-of-memory failure (the CPU allocator's and CUDA's), or None."""
+    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    if not any(words in message for words in ("out of memory", "can't allocate memory", "not enough memory")):
+        return None
+    return (f"out of memory ({message[:200]}) with n_layer={config['n_layer']}, n_embd={config['n_embd']}, "
+            f"batch_size={config['batch_size']}, block_size={config['block_size']}: use a smaller model or "
+            f"--batch_size (with --gradient_accumulation_steps to keep the batch)")
 
 
 def loss_in_bits(objective, loss):

@@ -1,9 +1,10 @@
 """
-Looks at a step's speed from outside the chapter's code: how fast our cached decoding is next to another
-implementation of the same model (and our masks next to FlexAttention's block masks), and where a decoding or
-training step's time goes. bench.py's section 3 (its FlexAttention rows), 4d and 6 print them.
+bench.py's diagnostics: how fast our cached decoding is next to another implementation of the same model (and our
+masks next to FlexAttention's block masks), what compiling the decoding step buys against the bandwidth floor, and
+where a decoding or training step's time goes, with the machine's steadiness over the run. bench.py keeps the
+chapter's measurements; its section 3 (the FlexAttention rows), 4c, 4d and 6 come from here, as tables.
 
-    against_hugging_face(size, prompt, new, ...)      tokens/s of kvcache.generate and of transformers' generate
+    against_hugging_face(generate, size, prompt, ...) tokens/s of our generate and of transformers' generate
                                                        on one GPT-2-layout model, and whether both wrote the same
                                                        greedy tokens (None where transformers is not installed)
     flex_attention_rows(device, q, k, v, T, ...)       ms per call of FlexAttention with the causal, prefix-LM and
@@ -18,7 +19,10 @@ Every timing as in bench.py: warm-up first, the device synchronised before the c
 repeats, a profile's shares come from one profiled stretch of steps. What the profiles showed on the machines
 measured so far is written in docs/speed.md.
 """
+import atexit
 import os
+import shutil
+import tempfile
 from contextlib import nullcontext
 
 import torch
@@ -27,13 +31,25 @@ import torch.nn.functional as F
 import kvcache
 import masks
 from infra.progress import Progress
-from infra.timing import median_time, time_once
+from infra.configurator import UserError
+from infra.progress import check_writable
+from infra.timing import matmul_flops_per_second, median_time, mfu_text, time_once
+
+
+# ----------------------------------------------------------------------------- tables
+
+def table(title, header, rows):
+    lines = [f"\n### {title}\n", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text
 
 
 # ----------------------------------------------------------------------------- against transformers' generate
 
-def against_hugging_face(size, prompt, new, device, repeats, autocast=nullcontext, compiled=True):
-    """Our cached greedy decoding against Hugging Face transformers' `generate` on the same model: a GPT-2 built by
+def against_hugging_face(generate, size, prompt, new, device, repeats, autocast=nullcontext, compiled=True):
+    """Our cached greedy decoding (`generate`: sample.py's, passed in by bench.py) against Hugging Face transformers' `generate` on the same model: a GPT-2 built by
     transformers of `size` (bench.py's: n_layer, n_head, n_embd, block_size, vocab; random weights, GPT-2's own layout:
     biases, tied head), the same weights loaded into our Transformer (infra/pretrained.py). Batch 1, the same
     prompt and number of tokens. Returns {"transformers": version, "new_tokens", "samplers": {name: {"tokens_per_s"}},
@@ -51,12 +67,11 @@ def against_hugging_face(size, prompt, new, device, repeats, autocast=nullcontex
         bos_token_id=None, eos_token_id=None, pad_token_id=0)).to(device).eval()
     ours, _ = build_published(theirs.config, theirs.state_dict(), "transformers' GPT2LMHeadModel", device)
     reference = "transformers generate (use_cache=True, greedy)"
-    samplers = {"ours, KV cache (kvcache.generate)": lambda: kvcache.generate(ours, prompt, new, temperature=0),
+    samplers = {"ours, KV cache (sample.generate)": lambda: generate(ours, prompt, new, temperature=0),
                 reference: lambda: theirs.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
                                                    min_new_tokens=new, do_sample=False, use_cache=True)}
     if compiled:
-        samplers["ours, KV cache, compiled step"] = lambda: kvcache.generate(ours, prompt, new, temperature=0,
-                                                                             compiled=True)
+        samplers["ours, KV cache, compiled step"] = lambda: generate(ours, prompt, new, temperature=0, compiled=True)
     speeds, tokens = {}, {}
     torch._dynamo.reset()  # a new model: graphs of its own
     with torch.no_grad():
@@ -180,3 +195,192 @@ def profile_decoding(model, ids, device, autocast=nullcontext, compiled=True, st
 
             data[f"batch {batch}, {mode}"] = profile_steps(decode_one, device, steps, top, warmup=3 * steps)
     return data
+
+
+# ----------------------------------------------------------------------------- bench.py's sections 4c, 4d and 6, and the machine's steadiness
+
+def compiled_training_row(model, step, batch, eager_seconds, figures, peak, device, repeats):
+    """bench.py's section 2, compiled (train.py --compile=True): the same step through torch.compile (forward and
+    backward compiled; the optimizer stays the fused AdamW). What compiling can remove is the non-matmul share of
+    the step. Adds figures["compiled"]; returns the table row."""
+    flops, arch = model.training_flops(batch), model.config.arch
+    processed, supervised = batch.processed_positions(), batch.supervised_positions()
+    compiled = torch.compile(model)
+    first = time_once(lambda: step(compiled), device)
+    seconds = median_time(lambda: step(compiled), device, repeats, warmup=1)
+    figures["compiled"] = after = {"ms_per_step": seconds * 1e3, "mfu": flops / seconds / peak,
+                                   "compile_s": max(0.0, first - seconds), "speedup": eager_seconds / seconds}
+    return [arch, figures["objective"], "compiled", "", f"{after['ms_per_step']:.1f}", f"{processed / seconds:,.0f}",
+            mfu_text(flops / seconds, peak), "", f"{supervised / seconds:,.0f}", "", f"{after['compile_s']:.0f}",
+            f"{after['speedup']:.2f}x"]
+
+
+def which_backend(q, k, v, attn_mask, is_causal):
+    """The first SDPA backend, in PyTorch's order of preference, that accepts these inputs."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                    SDPBackend.MATH):
+        try:
+            with sdpa_kernel([backend]):
+                F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+            return backend.name.lower()
+        except RuntimeError:
+            continue
+    return "none"
+
+
+def hugging_face_section(generate, device, size, repeats, results, prompt, new, autocast, compiled_rows):
+    """bench.py's 4d: our cached greedy decoding (`generate`, sample.py's) against Hugging Face transformers'
+    `generate` on the same GPT-2-layout model (their random weights loaded into our modules), batch 1. The two
+    must write the same tokens (greedy), else the row says so. Skipped where transformers is not installed."""
+    data = against_hugging_face(generate, size, prompt, new, device, max(1, repeats // 2), autocast, compiled_rows)
+    if data is None:
+        text = "\n### 4d. Against Hugging Face transformers: skipped (not installed; pip install transformers)\n"
+        print(text, flush=True)
+        return text
+    results["hugging_face_decoding"] = data
+    reference = data["samplers"][data["reference"]]["tokens_per_s"]
+    rows = [[name, f"{figures['tokens_per_s']:,.1f}", f"{figures['tokens_per_s'] / reference:.2f}x",
+             "yes" if data["same_tokens"][name] else "NO"] for name, figures in data["samplers"].items()]
+    return table(f"4d. Against Hugging Face transformers {data['transformers']}: {new} greedy tokens from a "
+                 f"{prompt.size(1)}-token prompt, batch 1, the same GPT-2-layout model (their random weights in our "
+                 f"modules); same tokens: checked in float32; our cache keeps float32 keys and values",
+                 ["sampler", "tokens/s", "vs transformers", "same tokens"], rows)
+
+
+
+
+def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, size, repeats, results, models,
+                              prompt, new, autocast):
+    """bench.py's 4c: eager vs torch.compile'd decoding step (kvcache.compiled_decode_step), gpt at batch 1, 8 and
+    32 from one shared prefill (sample.py --num_samples), prefixlm and t5 at batch 1, each against bench.py's
+    `decoding_floor`. Compilation is paid once per process and per batch-size regime (1, then any larger): the
+    first generation's extra time is reported as compile time."""
+    bandwidth, matmul_rate = results["ceilings"]["copy_bandwidth"], results["ceilings"]["matmul_flops"]
+    cases = [("gpt", 1), ("gpt", 8), ("gpt", 32), ("prefixlm", 1), ("t5", 1)]
+    if size["quick"]:  # the rows run, the figures mean nothing
+        cases = [("gpt", 1), ("gpt", 8), ("t5", 1)]
+    t5_inputs = prompt[:, :8]
+    rows, data = [], {}
+    progress = Progress("[bench] compiled decoding", 2 * len(cases))
+    with torch.no_grad(), autocast():
+        for done, (arch, batch) in enumerate(cases):
+            model = models[arch]
+            extra = dict(encoder_inputs=t5_inputs, start_token=0) if arch == "t5" else {}
+            start = prompt[:, :1] if arch == "t5" else prompt
+            context = start.size(1) + new / 2  # average context of the generation
+            encoder_length = t5_inputs.size(1) if arch == "t5" else 0
+            floor = decoding_floor(model, bandwidth, batch, context, encoder_length)
+            compute_bound = matmul_rate / decoding_cost(model, context, encoder_length)[2]  # each row's matmuls, peak
+            if done == 0 or cases[done - 1][0] != arch:
+                torch._dynamo.reset()  # a new model: its own graphs (compiled graphs per code object are limited)
+            for mode, compiled in (("eager", False), ("compiled", True)):
+                progress.update(2 * done + compiled)
+
+                def generation():
+                    generate(model, start, new, num_samples=batch, temperature=0, compiled=compiled, **extra)
+
+                first = time_once(generation, device)  # compiles on its first call (for a new batch regime)
+                seconds = median_time(generation, device, max(1, repeats // 2), warmup=0)
+                tokens_per_s = batch * new / seconds
+                data[f"{arch}, batch {batch}, {mode}"] = figures = {
+                    "tokens_per_s": tokens_per_s, "floor_tokens_per_s": floor, "of_floor": tokens_per_s / floor,
+                    "compute_bound_tokens_per_s": compute_bound, "first_call_extra_s": max(0.0, first - seconds)}
+                rows.append([arch, batch, mode, f"{tokens_per_s:,.1f}", f"{floor:,.1f}",
+                             f"{100 * figures['of_floor']:.1f}%", f"{compute_bound:,.0f}",
+                             f"{figures['first_call_extra_s']:.1f}"])
+            eager = data[f"{arch}, batch {batch}, eager"]
+            figures["speedup_over_eager"] = figures["tokens_per_s"] / eager["tokens_per_s"]
+            rows[-1].append(f"{figures['speedup_over_eager']:.2f}x")
+            rows[-2].append("1.00x")
+    results["compiled_decoding"] = data
+    return table(f"4c. Compiled decoding: {new} greedy tokens per row from a {prompt.size(1)}-token prompt (t5: an "
+                 f"8-token encoder input), eager vs torch.compile'd step (kvcache.compiled_decode_step); floor = "
+                 f"weights once per step + each row's KV cache, at the measured copy bandwidth",
+                 ["arch", "batch", "step", "tokens/s", "floor tokens/s", "of floor", "compute bound tokens/s",
+                  "first-call extra s (compile)", "vs eager"], rows)
+
+
+
+
+def profile_section(model, training_step, device, size, results, autocast, compiled_rows=True):
+    """bench.py's 6: where a step's time goes (what it showed: docs/speed.md): torch.profiler around 32 cached gpt
+    decoding steps of `model` at the middle of the context, batch 1 and 32, and around 3 gpt training steps
+    (`training_step()` -> (model, step, batch), bench.py's), eager and compiled; the operators by their own time."""
+    generator = torch.Generator(device=device).manual_seed(0)
+    ids = torch.randint(0, 60, (1, size["block_size"]), device=device, generator=generator)
+    data = {f"decoding, {case}": figures for case, figures in
+            profile_decoding(model, ids, device, autocast, compiled_rows, label="bench profile").items()}
+    model, step, _ = training_step()
+    torch._dynamo.reset()  # graphs of its own (as in 2), compiled in the warm-up
+    for mode, module in (("eager", model),) + ((("compiled", torch.compile(model)),) if compiled_rows else ()):
+        data[f"training, {mode}"] = profile_steps(lambda: step(module), device, steps=3)
+    results["profile"] = data
+    outside = "(GPU waiting for the host)" if device.startswith("cuda") else "(outside every operator: Python, dispatch)"
+    text = ""
+    for case, figures in data.items():
+        rows = [[o["name"][:60], f"{100 * o['share']:.1f}%", f"{o['calls_per_step']:.0f}", f"{o['us_per_call']:.1f}"]
+                for o in figures["top"]]
+        inside = figures["in_operators"]  # above 100%, self times overlapped (threads of their own): not additive
+        rows.append([outside, f"{100 * (1 - inside):.1f}%" + (" (overlap: not additive)" if inside > 1 else ""),
+                     "-", "-"])
+        what, batch_and_mode = case.split(", ", 1)
+        text += table(f"6. Profile of a {what} step: gpt, {batch_and_mode}: {figures['ms_per_step']:.2f} ms per step "
+                      f"under the profiler, {figures['calls_per_step']:.0f} profiled calls per step (nested ones "
+                      f"included)", ["operator (self time)", "of wall time", "calls per step", "us per call"], rows)
+    return text
+
+
+
+
+def steadiness(device, size, results):
+    """The matmul rate again, at the end: every figure above is read against the first measurement, so a machine
+    whose speed changed during the run (other work on it) makes them unreliable, and the file says so."""
+    quick = size["quick"]
+    before = results["ceilings"]["matmul_flops"]
+    after = matmul_flops_per_second(device, size["dtype"], size=512 if quick else None, seconds=0.2 if quick else 1.0)
+    results["ceilings"]["matmul_flops_at_end"] = after
+    line = f"matmul rate at the start {before / 1e12:.3f}, at the end {after / 1e12:.3f} TFLOP/s"
+    if abs(after / before - 1) > 0.3:
+        line = f"**Unsteady machine: {line}; the figures above are not reliable (other work was running).**"
+    else:
+        line = f"Steady machine: {line}."
+    print("\n" + line, flush=True)
+    return "\n" + line
+
+
+def fresh_kernel_cache():
+    """Compile times as a user's first run pays them: an empty cache of compiled kernels, removed at exit (unless
+    TORCHINDUCTOR_CACHE_DIR names one already)."""
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = kernel_cache = tempfile.mkdtemp(prefix="bench-inductor-")
+        atexit.register(shutil.rmtree, kernel_cache, ignore_errors=True)
+
+
+def plot(results, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    decoding = results["decoding"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, values in decoding["ms_per_token"].items():
+        ax.plot(decoding["lengths"], values, marker="o", label=name)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("ms per new token")
+    ax.set_title("Decoding cost against context (claim D4)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def check_out_path(out):
+    """--out is the JSON file; the markdown and PNG go beside it. Find out now, not after the run, if one of them
+    cannot be written."""
+    if not out.endswith(".json"):
+        raise UserError(f"--out={out} must name a .json file (the markdown and PNG are written beside it)")
+    base = os.path.splitext(out)[0]
+    check_writable([out, base + ".md", base + ".png"], "--out")

@@ -127,6 +127,11 @@ def test_sample_bad_inputs(trained_dir, tmp_path):
         ([f"--out_dir={trained_dir}", "--num_samples=0"], "num_samples"),
         ([f"--out_dir={trained_dir}", "--order=sideways"], "confident, margin, random"),
         ([f"--out_dir={trained_dir}", "--temperature=1e-300"], "too small"),
+        ([f"--out_dir={trained_dir}", "--temperature=1e300"], "too large"),
+        ([f"--out_dir={trained_dir}", "--temperature=1e39", "--top_k=1"], "too large"),
+        ([f"--out_dir={trained_dir}", "--temperature=nan"], "not a finite number"),
+        ([f"--out_dir={trained_dir}", "--temperature=inf"], "not a finite number"),
+        ([f"--out_dir={trained_dir}", "--temperature=-inf"], "not a finite number"),
         ([f"--out_dir={trained_dir}", "--compile=True", "--no_cache=True"], "drop one of them"),
     ]
     for args, needle in cases:
@@ -145,7 +150,7 @@ def test_sample_runs_and_reports_speed(trained_dir):
         result = run_script("sample.py", f"--out_dir={trained_dir}", "--start=To be", "--num_samples=2",
                             "--max_new_tokens=40", "--temperature=0", f"--compile={compiled}")
         assert result.returncode == 0, result.stderr
-        texts[compiled] = result.stdout.split("gpt (")[0]
+        texts[compiled] = result.stdout.rsplit("gpt (", 1)[0]  # the samples, before the speed line
     assert texts[True] == texts[False] and texts[True].count("To be") == 2
 
 
@@ -337,3 +342,76 @@ def test_sample_compile_needs_a_decoding_step_to_compile():
     assert "drop one of them" in user_error(sample.check_sample_config, dict(compiled, no_cache=True), "gpt", 3, 32,
                                             "clm")
     sample.check_sample_config(compiled, "t5", 3, 32, "span_corruption")  # accepted
+
+
+def test_digits_that_are_not_ascii_and_a_binary_text_are_one_line_each(tmp_path):
+    """python exercises/check.py with a superscript or an Arabic-Indic digit (str.isdigit says yes to both) is a
+    usage error, not a traceback nor exercise 1; published_claims.py --text=<a binary file> reads it as every script
+    reads a text file; reversal.py --budget=nan is a number that is not finite."""
+    for argument in ("\u00b2", "\u00b3", "\u0661"):
+        result = run_script("exercises/check.py", argument)
+        assert result.returncode == 2 and "pass the numbers of exercises" in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and "solved" not in result.stdout
+    binary = tmp_path / "binary"
+    binary.write_bytes(bytes(range(256)) * 4)
+    print(assert_clean_failure(run_script("experiments/published_claims.py", f"--text={binary}"), "not UTF-8"))
+    print(assert_clean_failure(run_script("experiments/reversal.py", "--quick", "--budget=nan",
+                                          f"--out_dir={tmp_path / 'r'}"), "not a finite number"))
+    assert not (tmp_path / "r").exists()
+
+
+
+def test_a_stopped_benchmark_writes_what_finished_and_exits_as_a_stop(tmp_path):
+    """One convention for every command: a stop (SIGTERM, Ctrl-C) ends with status 130, having kept what finished."""
+    import signal
+    import subprocess
+    import sys
+    from conftest import ROOT
+    out = tmp_path / "b.json"
+    process = subprocess.Popen([sys.executable, os.path.join(ROOT, "bench.py"), "--quick", "--compile=False",
+                                f"--out={out}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    for line in process.stdout:
+        if line.startswith("[bench] section 2/"):  # ceilings done
+            break
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130 and "Traceback" not in stderr, (process.returncode, stderr)
+    assert "interrupted: sections not done" in stdout and out.exists() and (tmp_path / "b.md").exists()
+
+
+def test_an_experiments_scale_and_seeds_are_checked_before_any_work(tmp_path):
+    """--scale is checked even where --quick wins over it, and every seed an experiment will use is checked at
+    once: the base seed plus its number of seeds must stay a valid seed (not a failure after the first seed)."""
+    for args, needle in ((["--quick", "--scale=unknown"], "unknown --scale=unknown"),
+                         (["--seed=4294967295"], "its 3 seeds run up to 4294967297")):
+        print(assert_clean_failure(run_script("experiments/reversal.py", *args, f"--out_dir={tmp_path / 'r'}"),
+                                   needle))
+        assert not (tmp_path / "r").exists()
+
+
+def test_a_stray_or_partial_torchrun_environment_is_one_line_and_a_closed_stdout_no_traceback(tmp_path):
+    """RANK with no WORLD_SIZE (a traceback before), RANK=1 of a world of 1 (a silent hang before): data parallel
+    mode needs a complete, consistent torchrun environment, else one line. A command started with its standard
+    output closed (>&-) runs, with no AttributeError from a missing stream."""
+    import subprocess
+    import sys
+    from conftest import ROOT
+    base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                              "MASTER_PORT")}
+    for extra, needle in (({"RANK": "0"}, "not a consistent torchrun set (WORLD_SIZE"),
+                          ({"RANK": "1", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                            "MASTER_PORT": "29512"}, "RANK=1 of WORLD_SIZE=1")):
+        result = run_script("train.py", f"--out_dir={tmp_path / 'o'}", env={**base, **extra}, timeout=120)
+        print(assert_clean_failure(result, needle))
+        assert not (tmp_path / "o").exists()
+    closed = subprocess.run(f'"{sys.executable}" "{os.path.join(ROOT, "sample.py")}" --out_dir="{tmp_path}" >&-',
+                            shell=True, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    print(assert_clean_failure(closed, "no checkpoint"))
+
+
+def test_an_empty_tokenizer_name_is_refused_as_such(tmp_path):
+    """data/shakespeare/prepare.py --tokenizer= (empty): said as an empty name, not as a missing transformers."""
+    text = tmp_path / "input.txt"
+    text.write_text("To be, or not to be.\n" * 50)
+    print(assert_clean_failure(run_script("data/shakespeare/prepare.py", f"--input={text}", "--tokenizer="),
+                               "--tokenizer is empty"))

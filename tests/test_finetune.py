@@ -192,3 +192,16 @@ def test_finetune_a_published_bert_folder(tmp_path, char_dataset):
                         f"--dataset={char_dataset}")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "bert (pretrained), mean pooling" in result.stdout and "recall@1" in result.stdout.splitlines()[-1]
+
+
+def test_the_sampling_error_of_a_balanced_accuracy_weighs_each_class_by_its_own_count():
+    """Claim X1's noise level: a balanced accuracy is the mean of per-class recalls, so its half-width comes from
+    each class's count (a class of 15 examples weighs as much as one of 113), not from the total: 1/7 over the
+    speaker task's evaluation classes is +-4.8 points, where a plain binomial over 304 examples says +-3.9.
+    The reference is counted by hand: sum of p(1-p)/n over the seven classes present, LEONTES (0) left out."""
+    from experiments.finetune import sampling_error
+    counts = [113, 15, 25, 23, 52, 49, 27, 0]
+    p = 1 / 7
+    by_hand = 1.96 * (p * (1 - p) * (1 / 113 + 1 / 15 + 1 / 25 + 1 / 23 + 1 / 52 + 1 / 49 + 1 / 27)) ** 0.5 / 7
+    assert abs(sampling_error(p, 304, counts) - by_hand) < 1e-12 and round(100 * by_hand, 1) == 4.8
+    assert abs(sampling_error(0.5, 100) - 1.96 * 0.05) < 1e-12  # an accuracy: the binomial

@@ -204,6 +204,7 @@ def test_messages_name_the_real_problem(trained, char_dataset, tmp_path):
         with pytest.raises(UserError, match="names no dataset"):
             load_dataset(name, 8, prepare_if_missing=False)
     one_line(run_script("bench.py", "--sections=,ceilings"), "empty name")
+    one_line(run_script("bench.py", "--sections=all,training"), "all means every section")
     other = tmp_path / "same-size"  # as many characters as the checkpoint's text, other ones
     other.mkdir()
     meta = pickle.load(open(os.path.join(char_dataset, "meta.pkl"), "rb"))
@@ -249,8 +250,9 @@ def test_a_dataset_prepared_again_under_a_running_run_is_noticed(char_dataset, t
     time.sleep(0.01)
     with open(splits["train"], "r+b") as f:  # rewritten, as prepare.py would
         f.write(b"\x00\x00")
-    with pytest.raises(UserError, match="changed while this run was reading it"):
+    with pytest.raises(UserError, match="changed while this run was reading it") as refused:
         get_windows(splits["train"], 2, 16, rng)
+    assert "--init_from=resume if it saved a checkpoint" in str(refused.value)  # (none may exist yet)
 
 
 def test_compiling_on_a_cpu_without_a_compiler_is_refused_at_once(monkeypatch):
@@ -258,3 +260,14 @@ def test_compiling_on_a_cpu_without_a_compiler_is_refused_at_once(monkeypatch):
     with pytest.raises(UserError, match="needs a C\\+\\+ compiler"):
         check_compiler("cpu")
     check_compiler("cuda")  # CUDA compiles with Triton, not the C++ compiler
+
+
+def test_published_claims_without_a_text_asks_for_one(monkeypatch):
+    """With no --text and no downloaded Tiny Shakespeare (prepare.py --input=... copies none), the advice is the
+    one that works offline: pass --text, not run a prepare script that was run."""
+    from experiments import published_claims
+    monkeypatch.setattr(published_claims, "FALLBACK_TEXTS", [])
+    with pytest.raises(UserError, match=r"no text: pass --text=") as refused:
+        published_claims.read_text("")
+    assert "prepare" not in str(refused.value)
+

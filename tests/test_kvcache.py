@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import kvcache
+import sample
 from model import ModelConfig, Transformer
 
 BLOCK = 48
@@ -66,8 +67,8 @@ def test_greedy_generation_identical_with_and_without_cache(arch):
     model = make_model(arch, trained=True)
     prompt = torch.randint(0, 40, (1, 5), generator=torch.Generator().manual_seed(0))
     kwargs = dict(encoder_inputs=torch.randint(0, 40, (1, 9)), start_token=0) if arch == "t5" else {}
-    cached = kvcache.generate(model, prompt, 120, temperature=0, **kwargs)  # 120 > block: the window slides twice
-    full = kvcache.generate(model, prompt, 120, temperature=0, use_cache=False, **kwargs)
+    cached = sample.generate(model, prompt, 120, temperature=0, **kwargs)  # 120 > block: the window slides twice
+    full = sample.generate(model, prompt, 120, temperature=0, use_cache=False, **kwargs)
     assert cached.size(1) >= 120 and torch.equal(cached, full)
 
 
@@ -77,8 +78,8 @@ def test_the_window_slides_at_the_smallest_block_sizes(block_size):
     model = Transformer(ModelConfig(arch="prefixlm", vocab_size=20, block_size=block_size, n_layer=1, n_head=1,
                                     n_embd=8)).eval()
     prompt = torch.tensor([[3]])
-    cached = kvcache.generate(model, prompt, 6, temperature=0)
-    assert cached.shape == (1, 7) and torch.equal(cached, kvcache.generate(model, prompt, 6, temperature=0,
+    cached = sample.generate(model, prompt, 6, temperature=0)
+    assert cached.shape == (1, 7) and torch.equal(cached, sample.generate(model, prompt, 6, temperature=0,
                                                                            use_cache=False))
 
 
@@ -107,8 +108,8 @@ def test_compiled_decoding_equals_eager_decoding(arch):
             worst = max(worst, (kvcache.compiled_decode_step()(model, token, caches[1]) - eager).abs().max().item())
     assert worst < COMPILED_TOL, worst
     kwargs = dict(encoder_inputs=encoder_inputs[:1], start_token=0) if arch == "t5" else {}
-    eager = kvcache.generate(model, prompt[:1], 200, temperature=0, **kwargs)
-    compiled = kvcache.generate(model, prompt[:1], 200, temperature=0, compiled=True, **kwargs)
+    eager = sample.generate(model, prompt[:1], 200, temperature=0, **kwargs)
+    compiled = sample.generate(model, prompt[:1], 200, temperature=0, compiled=True, **kwargs)
     assert compiled.size(1) >= 200 and torch.equal(compiled, eager)
     # compiled, not run eagerly, and not once per token: batch 2 and batch 1, each with one more graph for the
     # context's last position (a full cache slice); every other position reuses a graph with a symbolic length
@@ -146,8 +147,8 @@ def test_prefix_caching_for_t5_and_prefixlm_samples():
         model = make_model(arch, trained=True)
         kwargs = dict(encoder_inputs=torch.randint(0, 40, (1, 9)), start_token=0) if arch == "t5" else {}
         prompt = torch.randint(0, 40, (1, 6))
-        a = kvcache.generate(model, prompt, 20, num_samples=3, generator=torch.Generator().manual_seed(0), **kwargs)
-        b = kvcache.generate(model, prompt, 20, num_samples=3, generator=torch.Generator().manual_seed(0),
+        a = sample.generate(model, prompt, 20, num_samples=3, generator=torch.Generator().manual_seed(0), **kwargs)
+        b = sample.generate(model, prompt, 20, num_samples=3, generator=torch.Generator().manual_seed(0),
                        use_cache=False, **kwargs)
         assert torch.equal(a, b)
 
@@ -187,12 +188,12 @@ def test_mask_predict_fills_every_mask():
     prompt = torch.randint(0, 39, (1, 8))
     for order in ("confident", "random"):
         for block_length in (0, 5):
-            tokens, passes = kvcache.iterative_unmask(model, prompt, 20, 8, mask_id=39, num_samples=3, order=order,
+            tokens, passes = sample.iterative_unmask(model, prompt, 20, 8, mask_id=39, num_samples=3, order=order,
                                               block_length=block_length, banned=torch.tensor([39]))
             assert (tokens != 39).all() and torch.equal(tokens[:, :8], prompt.expand(3, -1))
             assert passes == 8
     for steps, passes_made in ((7, 7), (2, 4)):  # 4 blocks of 5: 2, 2, 2, 1 passes; one each when too few
-        assert kvcache.iterative_unmask(model, prompt, 20, steps, mask_id=39, block_length=5)[1] == passes_made
+        assert sample.iterative_unmask(model, prompt, 20, steps, mask_id=39, block_length=5)[1] == passes_made
 
 
 def test_the_cache_is_static_and_decoding_never_reallocates_it():
@@ -207,3 +208,58 @@ def test_the_cache_is_static_and_decoding_never_reallocates_it():
     assert (cache.keys.data_ptr(), cache.values.data_ptr()) == (keys, values)
     with pytest.raises(ValueError, match="KV cache full"):
         kvcache.forward_with_cache(model, torch.randint(0, 40, (2, 6)), cache)
+
+
+def test_python_kvcache_shows_claim_d4():
+    """`python kvcache.py`, the chapter's demonstration (docs/chapter.md, questions 8 and 10): gpt's cached logits
+    equal recomputation to float rounding, bert's earlier states change when a token is appended, and two texts
+    with one beginning have bit-identical gpt states over it (a broken cache, or a bidirectional mask leaking into
+    gpt, would show here)."""
+    import re
+    from conftest import run_script
+    result = run_script("kvcache.py")
+    assert result.returncode == 0, result.stderr
+    found = {arch: (float(a), float(b)) for arch, a, b in
+             re.findall(r"^(gpt|bert): .* by ([\d.e+-]+); .* by ([\d.e+-]+)$", result.stdout, flags=re.M)}
+    assert found["gpt"][0] < 1e-5 and found["gpt"][1] < 1e-5, found
+    assert found["bert"][1] > 1e-3, found
+    # the same fact, read as embeddings: a shared beginning has bit-identical causal states, not bidirectional ones
+    shared = dict(re.findall(r"^(gpt|bert): two texts share .* by ([\d.e+-]+)$", result.stdout, flags=re.M))
+    assert float(shared["gpt"]) == 0.0 and float(shared["bert"]) > 1e-3, shared
+
+
+def test_each_unmasking_order_reveals_what_its_name_says():
+    """A hand-made table of predictions over three masked positions, where the three orders must disagree:
+    position 0 puts 0.4 on its best token and 0.1 on six others (top 0.4, margin 0.3); position 1 0.45 on two
+    tokens (top 0.45, margin 0); position 2 0.3, 0.3, 0.2, 0.2 (top 0.3, margin 0). "confident" reveals position 1
+    first (the highest top probability), "margin" position 0 (the largest gap between the best two), and "random"
+    each of the three first under some seed (claim X5's orders, Kim et al. 2025)."""
+    import math
+    table = torch.full((3, 12), -60.0)
+    table[0, :7] = torch.log(torch.tensor([0.4] + [0.1] * 6))
+    table[1, :3] = torch.log(torch.tensor([0.45, 0.45, 0.1]))
+    table[2, :4] = torch.log(torch.tensor([0.3, 0.3, 0.2, 0.2]))
+    assert all(abs(row.exp().sum().item() - 1) < 1e-5 for row in table) and math.isclose(0.4 - 0.1, 0.3)
+
+    class StandIn:
+        config = type("Config", (), {"arch": "bert", "vocab_size": 12})()
+
+        def __init__(self):
+            self.seen = []
+
+        def eval(self):
+            return self
+
+        def __call__(self, x, **_):
+            self.seen.append(x.clone())
+            return table[None].expand(x.size(0), -1, -1).clone(), None
+
+    def first_revealed(order, seed=0):
+        model, x = StandIn(), torch.full((1, 3), 11)
+        sample.unmask(model, x, 3, 11, temperature=0, order=order, generator=torch.Generator().manual_seed(seed))
+        assert bool((x != 11).all()) and len(model.seen) == 3  # one position a pass, every mask filled
+        return (model.seen[1][0] != 11).nonzero()[:, 0].tolist()
+
+    assert first_revealed("confident") == [1]
+    assert first_revealed("margin") == [0]
+    assert {first_revealed("random", seed)[0] for seed in range(40)} == {0, 1, 2}

@@ -15,6 +15,7 @@ from infra.configurator import QUICK_OUTPUT, output_folder
 from infra.run_control import format_mfu
 
 QUICK_START = [  # the README's quick start, in its order (the test below reads them from the README)
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu",
     "pip install -r requirements.txt",
     "python masks.py",
     "python train.py --arch=bert",
@@ -47,7 +48,7 @@ def test_the_quick_start_runs_as_written_in_order(char_dataset, tmp_path):
     assert readme_quick_start() == QUICK_START
     os.symlink(os.path.join(ROOT, "config"), tmp_path / "config")  # a clone's folder, with the outputs kept apart
     data = f"--dataset={char_dataset}"
-    masks = run_in(tmp_path, QUICK_START[1])
+    masks = run_in(tmp_path, QUICK_START[2])
     assert masks.returncode == 0 and "identical: True" in masks.stdout
     default = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), "--arch=bert", data, "--device=cpu"],
                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -62,7 +63,7 @@ def test_the_quick_start_runs_as_written_in_order(char_dataset, tmp_path):
     assert "config/train_shakespeare_char_cpu.py --arch=bert" in lines[-1], lines
     assert "interrupted: saved out-bert/ckpt.pt at iteration 0" in stdout, stdout
     assert os.path.exists(tmp_path / "out-bert" / "ckpt.pt")
-    for train_command, sample_command in ((QUICK_START[3], QUICK_START[4]), (QUICK_START[5], QUICK_START[6])):
+    for train_command, sample_command in ((QUICK_START[4], QUICK_START[5]), (QUICK_START[6], QUICK_START[7])):
         trained = run_in(tmp_path, train_command, data, *TINY)
         assert trained.returncode == 0, trained.stderr
         assert "finished at iteration 20" in trained.stdout and "python sample.py --out_dir=out-cpu-" in trained.stdout
@@ -118,3 +119,57 @@ def test_a_run_says_how_it_started_and_how_it_ended(char_dataset, tmp_path, caps
     assert resumed.splitlines()[0] == f"resuming {os.path.join(out, 'ckpt.pt')} from iteration 4"
     train.train(train.resolve_config(tiny_args(char_dataset, str(tmp_path / "none"), max_iters=0, quiet=False)))
     assert "finished at iteration 0 without training a step (--max_iters=0): nothing saved" in capsys.readouterr().out
+
+
+def test_a_peak_measured_on_a_busy_machine_is_doubted_from_the_first_line(char_dataset, tmp_path, capsys,
+                                                                          monkeypatch):
+    """One rule for every log line: the matmul rate measured at start is checked once more at the first line; when
+    the two disagree (here 1 GFLOP/s at start, 50 at the first line) no line prints an MFU figure, the first
+    included (an MFU of 50% against a peak measured 50x too low would look like a fact)."""
+    from infra import run_control
+    assert run_control.peak_doubt(1e11, 1.5e11) is None and "busy machine" in run_control.peak_doubt(1e9, 5e10)
+    monkeypatch.setattr(train, "matmul_peak", lambda *args, **kwargs: 1e9)
+    monkeypatch.setattr(run_control, "matmul_flops_per_second", lambda *args, **kwargs: 5e10)
+    train.train(train.resolve_config(tiny_args(char_dataset, str(tmp_path / "o"), max_iters=3, log_interval=1,
+                                               quiet=False)))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("iter ")]
+    assert lines and all("mfu ? (the matmul rate measured 0.001, then 0.050 TFLOP/s" in line for line in lines), lines
+
+
+def test_samples_say_what_trained_them_and_warn_when_untrained(char_dataset, tmp_path):
+    """sample.py first says which run wrote the weights and how far it got; weights saved at iteration 0 (Ctrl-C
+    at once) or by a run stopped early come with a warning, not silently as noise; a missing checkpoint names the
+    run folders that are here; a checkpoint naming an objective its arch does not have is refused."""
+    import torch
+    out = str(tmp_path / "o")
+    assert subprocess.run([sys.executable, os.path.join(ROOT, "train.py"),
+                           *tiny_args(char_dataset, out, max_iters=4, eval_interval=2)]).returncode == 0
+    sample = run_in(tmp_path, f"python sample.py --out_dir={out}", "--max_new_tokens=4", "--num_samples=1")
+    assert sample.returncode == 0, sample.stderr
+    assert sample.stdout.splitlines()[0].startswith(f"{out}/ckpt.pt: gpt (clm), trained 4 of 4 iterations, best "
+                                                    f"val loss "), sample.stdout
+    assert "warning" not in sample.stdout
+    path = os.path.join(out, "ckpt.pt")
+    for done, warning in ((0, "untrained"), (2, "stopped at iteration 2 of 4")):
+        checkpoint = torch.load(path, weights_only=False)
+        checkpoint["iter_num"] = done
+        torch.save(checkpoint, path)
+        sample = run_in(tmp_path, f"python sample.py --out_dir={out}", "--max_new_tokens=4", "--num_samples=1")
+        assert sample.returncode == 0 and warning in sample.stdout.splitlines()[1], sample.stdout
+    missing = run_in(tmp_path, "python sample.py --out_dir=out-gpt")
+    assert missing.returncode == 2 and "(here: --out_dir=o)" in missing.stderr, missing.stderr
+    checkpoint["config"]["objective"] = "ul3"
+    torch.save(checkpoint, path)
+    wrong = run_in(tmp_path, f"python sample.py --out_dir={out}")
+    assert wrong.returncode == 2 and "objective 'ul3' that arch 'gpt' does not have" in wrong.stderr, wrong.stderr
+    assert len(wrong.stderr.strip().splitlines()) == 1
+
+
+def test_prepare_says_what_the_special_tokens_are(tmp_path, capsys):
+    """The vocabulary line names the special tokens instead of a bare count: what 106 extra ids are for."""
+    from conftest import load_prepare
+    source = tmp_path / "input.txt"
+    source.write_text("To be, or not to be: that is the question.\n" * 400, encoding="utf-8")
+    load_prepare("shakespeare_char").prepare(str(source), str(tmp_path))
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "106 special: [PAD] [EOS] [MASK], UL2's 3 mode tokens, 100 span sentinels <S0>..<S99>" in line, line

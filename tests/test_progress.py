@@ -1,5 +1,6 @@
 """Long work talks and stops when asked: progress lines during a slow evaluation, a signal during evaluation
 stops within seconds and leaves a loadable checkpoint, and a GPU-sized run on a CPU says so at once."""
+import contextlib
 import os
 import re
 import signal
@@ -7,11 +8,13 @@ import subprocess
 import sys
 import time
 
+import torch
+
 from infra import checkpoint
 import train
 from conftest import ROOT, run_script, tiny_args
 from infra.progress import Progress, StopSignals, format_duration
-from infra.run_control import project_run
+from infra.run_control import is_cpu_recipe, project_run
 
 
 def start_train(*args):
@@ -101,7 +104,8 @@ def test_a_gpu_sized_run_on_a_cpu_is_advised_the_recipe_and_the_recipe_is_not():
     advised to itself, however slow the machine; a short run gets no advice."""
     gpu_sized = train.resolve_config(["--arch=bert", "--device=cpu"])
     recipe = train.resolve_config([train.CPU_RECIPE, "--arch=bert"])
-    assert not train.is_cpu_recipe(gpu_sized) and train.is_cpu_recipe(recipe)
+    assert not is_cpu_recipe(gpu_sized, train.DEFAULTS, train.CPU_RECIPE)
+    assert is_cpu_recipe(recipe, train.DEFAULTS, train.CPU_RECIPE)
     lines = project_run(0.5, gpu_sized["max_iters"], gpu_sized, "cpu", "python train.py " + train.CPU_RECIPE, False)
     assert lines[0].startswith("projected on cpu") and lines[0].endswith(" h"), lines
     assert "config/train_shakespeare_char_cpu.py --arch=bert" in lines[1]
@@ -121,3 +125,39 @@ def test_progress_and_stop_signals_in_isolation(capsys):
         time.sleep(0.1)
         assert stop
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the previous handler is back
+
+
+def test_a_signal_ends_an_evaluation_within_the_batch_under_way(char_dataset):
+    """A GPU-sized evaluation batch takes tens of seconds on a CPU: a stop must not wait for it. The stand-in
+    model signals this process in the middle of its first forward pass; nothing after that point may run (an
+    evaluation that finished its batch first would record it), and the evaluation returns None (stopped)."""
+    config = train.resolve_config(tiny_args(char_dataset, "unused", eval_iters=50))
+    splits, meta = train.load_dataset(config["dataset"], config["block_size"], prepare_if_missing=False)
+    specials = train.objectives.Specials.from_meta(meta)
+    after_the_signal = []
+
+    class StandIn(torch.nn.Module):
+        def forward(self, **inputs):
+            os.kill(os.getpid(), signal.SIGTERM)  # Ctrl-C or SIGTERM, half-way through a batch
+            after_the_signal.append(True)  # the rest of the batch (a model's remaining layers)
+            return None, torch.tensor(1.0)
+
+    lines = []
+    with StopSignals("stopping: saving a checkpoint first", log=lambda *a, **k: lines.append(a[0])) as stop:
+        losses = train.estimate_loss(StandIn(), config, splits, specials, "cpu", contextlib.nullcontext(), stop,
+                                     lambda *a, **k: lines.append(a[0]))
+        assert stop and not stop.immediate  # the stop is kept for the run; later signals wait again
+    assert losses is None and after_the_signal == [], (losses, after_the_signal)
+    assert any("cut short" in line for line in lines), lines
+
+
+def test_a_resumed_run_that_stops_says_to_run_the_same_command(char_dataset, tmp_path):
+    out = str(tmp_path / "o")
+    assert run_script("train.py", *tiny_args(char_dataset, out, max_iters=4, eval_interval=2)).returncode == 0
+    process = start_train(*tiny_args(char_dataset, out, init_from="resume", max_iters=8, eval_interval=2,
+                                     eval_iters=1_000_000, quiet=False))
+    read_until(process, "projected on")
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 0, stderr
+    assert "resume with the same command" in stdout and "plus --init_from=resume" not in stdout, stdout

@@ -42,6 +42,9 @@ def dataset_dir_for(tokenizer):
 
 def main():
     args = prepare_common.parse_args(sys.argv[1:], tokenizer="gpt2")
+    if not args["tokenizer"].strip():
+        raise prepare_common.UserError("--tokenizer is empty: gpt2 (the default), or a published BERT or T5 name or "
+                                       "folder (bert-base-uncased, t5-small)")
     folder = dataset_dir_for(args["tokenizer"])
     created = not os.path.exists(folder)
     os.makedirs(folder, exist_ok=True)
