@@ -104,13 +104,15 @@ def estimate_loss(model, config, splits, specials, device, autocast, stop, log, 
     result = {}
     progress = Progress(f"evaluation ({' then '.join(splits)}), batches", len(splits) * config["eval_iters"],
                         SECONDS_BETWEEN_LINES, log)
-    stop.immediate = True  # (infra/progress.StopSignals: the first signal raises KeyboardInterrupt here)
     try:
+        stop.immediate = True  # (infra/progress.StopSignals: the first signal raises KeyboardInterrupt here)
         for number, (split, path) in enumerate(splits.items()):
             data_rng = np.random.default_rng(config["seed"] + 10_000)
             generator = torch.Generator().manual_seed(config["seed"] + 20_000)
             losses = torch.zeros(config["eval_iters"])
             for k in range(config["eval_iters"]):
+                if stop:  # asked before this evaluation began
+                    return None
                 if k == 1:
                     t0 = time.perf_counter()
                 windows = get_windows(path, config["batch_size"], config["block_size"], data_rng)

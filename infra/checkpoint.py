@@ -92,6 +92,27 @@ def load_checkpoint(path, device="cpu"):
     return checkpoint
 
 
+# the settings ModelConfig held for published weights before they moved to infra/published_model.py, at the values
+# every model trained from scratch had: a checkpoint written then loads with them dropped (or as a PublishedConfig)
+EARLIER_PUBLISHED_FIELDS = {"norm": "layernorm", "norm_eps": 1e-5, "activation": "gelu_tanh", "post_norm": False,
+                            "segment_vocab_size": 0, "mlm_head": False, "scale_attention": True,
+                            "scale_tied_output": False, "relative_buckets": 32, "relative_max_distance": 128}
+
+
+def upgrade_model_config(settings):
+    """A model_config written before the published-weight settings left ModelConfig, in today's terms."""
+    earlier = {k: settings[k] for k in EARLIER_PUBLISHED_FIELDS if k in settings}
+    if not earlier or "family" in settings:  # today's layout (a PublishedConfig names its family)
+        return settings
+    today = {k: v for k, v in settings.items() if k not in EARLIER_PUBLISHED_FIELDS}
+    if all(earlier[k] == EARLIER_PUBLISHED_FIELDS[k] for k in earlier):
+        return today  # trained from scratch: nothing published about it
+    family = "bert" if earlier.get("post_norm") else "t5" if earlier.get("norm") == "rmsnorm" else "gpt2"
+    kept = {k: earlier[k] for k in ("norm_eps", "activation", "segment_vocab_size", "relative_buckets",
+                                    "relative_max_distance") if k in earlier}
+    return dict(today, family=family, **kept)
+
+
 def checkpoint_problem(checkpoint):
     """What is wrong with a loaded checkpoint, in words, or None."""
     missing = [k for k in CHECKPOINT_KEYS if not isinstance(checkpoint, dict) or checkpoint.get(k) is None
@@ -105,6 +126,7 @@ def checkpoint_problem(checkpoint):
         wrong = ["meta"]
     if wrong:
         return f"has {', '.join(wrong)} of the wrong type"
+    checkpoint["model_config"] = upgrade_model_config(checkpoint["model_config"])  # (in place: an earlier version)
     known = fields(PublishedConfig if "family" in checkpoint["model_config"] else ModelConfig)
     unknown = sorted(set(checkpoint["model_config"]) - {f.name for f in known})
     if unknown:

@@ -168,7 +168,9 @@ class RunControl:
 
     # ---- evaluate and save: the master evaluates and decides, every process follows
     def evaluates(self):
-        """Does this process evaluate now? The master, unless the run is already stopping."""
+        """Does this process evaluate now? The master, unless the run is already stopping. Every process calls it:
+        a loss that diverged since the last check stops them all here, before an evaluation is spent on it."""
+        self.check_losses()
         return self.master and not self.stopped
 
     def decide(self, iter_num, losses):

@@ -149,6 +149,11 @@ def test_a_signal_ends_an_evaluation_within_the_batch_under_way(char_dataset):
         assert stop and not stop.immediate  # the stop is kept for the run; later signals wait again
     assert losses is None and after_the_signal == [], (losses, after_the_signal)
     assert any("cut short" in line for line in lines), lines
+    with StopSignals("stopping") as stop:  # asked just before the evaluation: not one batch is evaluated
+        stop.requested = True
+        assert train.estimate_loss(StandIn(), config, splits, specials, "cpu", contextlib.nullcontext(), stop,
+                                   lambda *a, **k: None) is None
+    assert after_the_signal == [] and not stop.immediate
 
 
 def test_a_resumed_run_that_stops_says_to_run_the_same_command(char_dataset, tmp_path):

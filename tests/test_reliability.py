@@ -294,3 +294,26 @@ def test_a_batch_that_does_not_fit_leaves_nothing(char_dataset, tmp_path, monkey
     with pytest.raises(SystemExit) as exit_status:
         train.main()
     assert exit_status.value.code == 1 and not os.path.exists(out)  # no out_dir, no empty log.jsonl
+
+
+def test_a_checkpoint_written_before_the_published_settings_moved_still_loads(char_dataset, tmp_path):
+    """Checkpoints of the earlier layout hold ModelConfig's ten published-weight settings; at their defaults (every
+    model trained from scratch) they are dropped and the checkpoint resumes and samples; a fine-tuned published
+    BERT's or T5's settings become the PublishedConfig of that family."""
+    import torch
+    from infra.checkpoint import EARLIER_PUBLISHED_FIELDS, upgrade_model_config
+    out = str(tmp_path / "o")
+    assert run_script("train.py", *tiny_args(char_dataset, out, max_iters=4, eval_interval=2)).returncode == 0
+    path = os.path.join(out, "ckpt.pt")
+    checkpoint = torch.load(path, weights_only=False)
+    checkpoint["model_config"].update(EARLIER_PUBLISHED_FIELDS)
+    torch.save(checkpoint, path)
+    sampled = run_script("sample.py", f"--out_dir={out}", "--max_new_tokens=4", "--num_samples=1")
+    assert sampled.returncode == 0, sampled.stderr
+    resumed = run_script("train.py", *tiny_args(char_dataset, out, init_from="resume", max_iters=6, eval_interval=2))
+    assert resumed.returncode == 0, resumed.stderr
+    bert = upgrade_model_config(dict(arch="bert", n_layer=2, **dict(EARLIER_PUBLISHED_FIELDS, post_norm=True,
+                                     norm_eps=1e-12, activation="gelu", segment_vocab_size=2, mlm_head=True)))
+    assert bert["family"] == "bert" and bert["norm_eps"] == 1e-12 and "post_norm" not in bert
+    t5 = upgrade_model_config(dict(arch="t5", position="relative", **dict(EARLIER_PUBLISHED_FIELDS, norm="rmsnorm")))
+    assert t5["family"] == "t5" and "norm" not in t5
