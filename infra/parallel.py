@@ -37,7 +37,7 @@ def under_torchrun():
 
 class Processes:
     def __init__(self, config):
-        self.ddp = int(os.environ.get("RANK", -1)) != -1
+        self.ddp = under_torchrun()
         self.rank, self.world_size = 0, 1
         self.device = pick_device(config["device"])
         if self.ddp:

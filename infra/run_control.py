@@ -89,7 +89,7 @@ class RunControl:
         self.fresh = config["init_from"] != "resume"
         self.first_iter, self.end_iter = setup.iter_num, setup.end_iter
         self.best_val_loss, self.flops_done, self.peak_flops = setup.best_val_loss, setup.flops_done, setup.peak_flops
-        self.peak_dtype, self.mfu_doubt, self.lines = setup.peak_dtype, None, 0
+        self.peak_dtype, self.peak_checked, self.mfu_doubt = setup.peak_dtype, False, None
         self.tokens_seen = self.supervised_seen = 0
         self.last_losses = {}
         self.seconds_between_lines = seconds_between_lines
@@ -176,8 +176,8 @@ class RunControl:
     def decide(self, iter_num, losses):
         """After the master's evaluation (losses: {"train", "val"}; None when a signal cut it short, or on the
         other processes): every process learns whether to save and whether to stop; a non-finite loss stops
-        them all without saving. Returns (save, best): write ckpt.pt, and best.pt too."""
-        self.check_losses()
+        them all without saving (the training losses were checked in `evaluates`, just before). Returns (save,
+        best): write ckpt.pt, and best.pt too."""
         stopping, diverged, best = self.stopped, None, False
         save = stopping and not self.config["eval_only"]
         if self.master and not stopping:
@@ -276,8 +276,8 @@ class RunControl:
                 f"/{self.end_iter}"
             print(f"  iteration {iter_num + 1}{where}: loss {loss_value:.4f}, ~{format_duration(left)} left in "
                   f"this run", flush=True)
-        self.lines += 1
-        if self.lines == 1:  # the peak measured at start, checked once against a second measurement
+        if not self.peak_checked:  # the peak measured at start, checked once against a second measurement
+            self.peak_checked = True
             self.mfu_doubt = peak_doubt(self.peak_flops, matmul_flops_per_second(
                 self.processes.device, self.peak_dtype, seconds=0.2))
             self.clock = self.last_line = time.perf_counter()  # (not training time)
