@@ -354,10 +354,10 @@ def main():
         model, tokenizer, specials = load_for_sampling(config["init_from"], device)
         arch, objective = model.config.arch, "pretrained"
     else:
-        model, checkpoint = load_model(os.path.join(config["out_dir"], config["checkpoint"]), device)
+        path = os.path.join(config["out_dir"], config["checkpoint"])
+        model, checkpoint = load_model(path, device)
         arch, objective, meta = model.config.arch, checkpoint["config"].get("objective"), checkpoint["meta"]
         specials, tokenizer = Specials.from_meta(meta), tokenizer_for(meta)
-        print(what_trained_it(os.path.join(config["out_dir"], config["checkpoint"]), checkpoint), flush=True)
     text = read_prompt(config["start"])
     if not text:
         raise UserError("the prompt is empty: pass --start=<text> (or FILE:path)")
@@ -366,6 +366,8 @@ def main():
         raise UserError(f"the prompt {text!r} encodes to no tokens: pass --start=<some text> (or FILE:path)")
     check_sample_config(config, arch, len(ids), model.config.block_size, objective)
     check_memory(model, config, len(ids))
+    if not config["init_from"]:  # (after every refusal: a refused command prints only its one line)
+        print(what_trained_it(path, checkpoint), flush=True)
     torch.manual_seed(config["seed"])
     generator = torch.Generator(device=device).manual_seed(config["seed"])
     num_samples, max_new_tokens = config["num_samples"], config["max_new_tokens"]

@@ -236,3 +236,13 @@ def test_every_objective_on_random_lengths_rates_and_seeds(specials, seed):
 def test_wrong_objective_for_arch_is_refused(specials):
     with pytest.raises(ValueError, match="does not fit"):
         objectives.batch_for({"objective": "mlm", "arch": "gpt"}, windows_of(2, 8, specials), specials, torch.Generator())
+
+
+def test_the_synthetic_specials_are_the_layout_prepare_writes():
+    """objectives.synthetic_specials (the demo's and bench.py's random tokens) restates data/prepare_common.py's
+    layout, which the chapter core may not import: the two must not drift apart."""
+    from data.prepare_common import NUM_SENTINELS, SPECIAL_TOKENS, special_token_ids
+    ordinary = 65
+    written = objectives.Specials.from_meta({"specials": special_token_ids(ordinary), "num_ordinary": ordinary,
+                                             "num_sentinels": NUM_SENTINELS})
+    assert objectives.synthetic_specials(ordinary + len(SPECIAL_TOKENS)) == written
