@@ -381,9 +381,9 @@ def main():
     if "ceilings" in finished and len(finished) > 1:
         texts.append(steadiness(device, size, results))
     results["seconds"] = time.perf_counter() - t0
-    write_atomically(out, json.dumps(results, indent=1))
     header = f"bench.py on {device} ({machine}), torch {torch.__version__}\n" + (f"\n{QUICK_NOTE}\n" if size["quick"] else "")
-    write_atomically(os.path.splitext(out)[0] + ".md", header + "\n".join(texts) + "\n")
+    write_atomically(out, json.dumps(results, indent=1), os.path.splitext(out)[0] + ".md",
+                     header + "\n".join(texts) + "\n")
     picture = None
     if config["plots"] and "decoding" in finished:
         picture = plot(results, os.path.splitext(out)[0] + ".png")

@@ -4,7 +4,8 @@ Train any of the four architectures with one command and one training loop:
     python train.py --arch=bert                                      # defaults sized for one GPU
     python train.py config/train_shakespeare_char_cpu.py --arch=t5   # nanoGPT's CPU recipe: minutes
     python train.py --arch=gpt --init_from=resume                    # continue exactly where it stopped
-    torchrun --standalone --nproc_per_node=2 train.py ...            # data parallel (gloo on CPU, NCCL on CUDA)
+    torchrun --standalone --nproc_per_node=2 train.py --gradient_accumulation_steps=2   # data parallel (gloo on
+                          # CPU, NCCL on CUDA): the accumulation steps of one update are split between the processes
 
 Defaults are at the top; a config/*.py file and --key=value override them. The loop is the same for every arch:
 windows of text -> the objective makes a Batch (`batch_for`) -> `model(**batch.model_inputs())` -> loss. Each log

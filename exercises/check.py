@@ -315,6 +315,13 @@ def check_10():
     import json
     import train
     expect("switch_at" in train.DEFAULTS and "switch_to" in train.DEFAULTS, "train.py has no --switch_at/--switch_to")
+    for wrong in (["--switch_to=bert:mlm"], ["--switch_at=6"], ["--switch_at=6", "--switch_to=bert"],
+                  ["--switch_at=6", "--switch_to=bert:clm"], ["--switch_at=6", "--switch_to=t5:span_corruption"]):
+        try:  # what the switch cannot do is refused in one line (infra/train_config.py), not a traceback later
+            train.resolve_config(wrong)
+        except UserError:
+            continue
+        expect(False, f"train.py accepts {' '.join(wrong)}: refuse it in infra/train_config.py's checks")
     with tempfile.TemporaryDirectory() as folder:
         char_dataset(os.path.join(folder, "data"), "".join(f"line {i % 97} of the text.\n" for i in range(800)))
         common = [f"--dataset={folder}/data", "--n_layer=1", "--n_head=2", "--n_embd=32", "--block_size=32",

@@ -317,10 +317,10 @@ def main():
         print(f"interrupted: {len(runs)} runs finished and kept, {len(data['not_done'])} not done; rerun the same "
               f"command to continue", flush=True)
     data["seconds"] = sum(r["seconds"] for r in runs)
-    write_atomically(json_path, json.dumps(data, indent=1))
     text, table, best = report(data, s, scale)
     print("\n" + text)
-    write_atomically(os.path.join(config["out_dir"], f"epochs-{scale}.md"), text + "\n")
+    write_atomically(json_path, json.dumps(data, indent=1), os.path.join(config["out_dir"], f"epochs-{scale}.md"),
+                     text + "\n")
     if table:
         plot(table, best, data, os.path.join(config["out_dir"], f"epochs-{scale}.png"))
     print(f"wrote {os.path.join(config['out_dir'], f'epochs-{scale}')}.md, .json and .png", flush=True)

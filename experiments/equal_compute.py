@@ -42,7 +42,7 @@ from infra.configurator import Failure, UserError, apply_overrides, output_folde
 from infra.dataset import fingerprint, load_dataset
 from infra.progress import StopSignals, check_writable, format_duration, format_flops, write_atomically
 from infra.timing import machine_name
-from infra.train_config import model_config
+from infra.train_config import MODEL_KEYS, model_config
 from model import ModelConfig, Transformer
 
 
@@ -163,16 +163,17 @@ def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=
                 except UserError as e:
                     raise UserError(f"cannot reuse {name}: delete {run_config['out_dir']} (that run trains again) or "
                                     f"run without --reuse=True ({e})") from None
-                held = (model.config.arch, checkpoint["config"]["objective"])
-                if held == (arch, objective):  # the record's settings and the weights themselves agree
+                wanted = dict(train.DEFAULTS, **run_config)
+                differ = [f"{k}={checkpoint['config'].get(k)}, not {wanted[k]}" for k in MODEL_KEYS + ("objective",)
+                          if checkpoint["config"].get(k) != wanted[k]]
+                if not differ:  # the record's settings and the weights themselves agree
                     result = dict(done["summary"], model=model, meta=meta, reused=kind in (None, "reused"))
                     print(f"reused {name}: finished earlier with the same settings ({run_config['out_dir']})"
                           if result["reused"] else f"loaded {name}: trained above, in a process of its own",
                           flush=True)
                     trained[name] = result  # the time left is estimated from the runs trained now only
                     continue
-                print(f"not reusing {name}: its checkpoint holds {held[0]} ({held[1]}), not {arch} ({objective}); "
-                      f"it trains again", flush=True)
+                print(f"not reusing {name}: its checkpoint holds {'; '.join(differ)}; it trains again", flush=True)
         if os.path.exists(record):
             os.remove(record)  # from now on the folder holds this run, finished or not
         t0 = time.perf_counter()

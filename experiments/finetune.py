@@ -372,10 +372,10 @@ def study(config):
     except KeyboardInterrupt:
         print(f"interrupted: {len(data['cells'])} cells kept in {json_path}; rerun the same command to go on")
     data["seconds"] = seconds_before + time.perf_counter() - t0
-    write_atomically(json_path, json.dumps(data, indent=1))
     text = study_report(data, scale)
     print("\n" + text)
-    write_atomically(os.path.join(config["out_dir"], f"finetune-{scale}.md"), text + "\n")
+    write_atomically(json_path, json.dumps(data, indent=1), os.path.join(config["out_dir"], f"finetune-{scale}.md"),
+                     text + "\n")
     study_plot(data, os.path.join(config["out_dir"], f"finetune-{scale}.png"))
     print(f"wrote {os.path.join(config['out_dir'], f'finetune-{scale}')}.md, .json and .png", flush=True)
 

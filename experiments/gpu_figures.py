@@ -122,8 +122,8 @@ def main():
     for name, step in out["steps"].items():
         lines.append(f"| {name} | {step['status']} | {format_duration(step['seconds'])} | "
                      f"{(step['tail'] or [''])[-1][:160]} |")
-    write_atomically(os.path.join(folder, "summary.json"), json.dumps(out, indent=1))
-    write_atomically(os.path.join(folder, "summary.md"), "\n".join(lines) + "\n")
+    write_atomically(os.path.join(folder, "summary.json"), json.dumps(out, indent=1),
+                     os.path.join(folder, "summary.md"), "\n".join(lines) + "\n")
     print("\n".join(lines) + f"\n\nwrote {os.path.join(folder, 'summary.md')}")
     if any(step["status"] != 0 for step in out["steps"].values()):
         sys.exit(1)

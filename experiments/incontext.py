@@ -260,9 +260,9 @@ def main():
         text += f"\n\n**Interrupted: {len(runs)} of {s['seeds']} seeds finished.**"
     print("\n" + text)
     base = os.path.join(config["out_dir"], f"incontext-{scale}")
-    write_atomically(base + ".md", text + "\n")
-    write_atomically(base + ".json", json.dumps({"scale": scale, "sizes": s, "budget_flops": budget, "seconds": seconds,
-                                                 "runs": runs, "training_mappings": len(seen)}, indent=1))
+    write_atomically(base + ".md", text + "\n", base + ".json", json.dumps(
+        {"scale": scale, "sizes": s, "budget_flops": budget, "seconds": seconds, "runs": runs,
+         "training_mappings": len(seen)}, indent=1))
     picture = plot(runs, base + ".png")
     print(f"\nwrote {base}.md, .json{' and .png' if picture else ''} in {format_duration(seconds)}")
     if interrupted:

@@ -226,8 +226,7 @@ def main():
             lines.append(f"- {claim}: " + ", ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}"
                                                     for k, v in value.items()))
     print("\n".join(lines))
-    write_atomically(base + ".md", "\n".join(lines) + "\n")
-    write_atomically(base + ".json", json.dumps(results, indent=1))
+    write_atomically(base + ".md", "\n".join(lines) + "\n", base + ".json", json.dumps(results, indent=1))
     print(f"wrote {base}.md and .json")
 
 

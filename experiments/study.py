@@ -568,8 +568,8 @@ def main():
     text = "\n".join(report(data, s, N, V))
     print("\n" + text)
     os.makedirs(config["out_dir"], exist_ok=True)
-    write_atomically(os.path.join(config["out_dir"], f"study-{scale}.md"), text + "\n")
-    write_atomically(os.path.join(config["out_dir"], f"study-{scale}.json"), json.dumps(data, indent=1))
+    write_atomically(os.path.join(config["out_dir"], f"study-{scale}.md"), text + "\n",
+                     os.path.join(config["out_dir"], f"study-{scale}.json"), json.dumps(data, indent=1))
     if "metrics" not in not_done:
         plot(data, os.path.join(config["out_dir"], f"study-{scale}.png"))
     print(f"wrote {os.path.join(config['out_dir'], f'study-{scale}')}.md, .json and .png", flush=True)

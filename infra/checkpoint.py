@@ -10,7 +10,6 @@ A run's files in its out_dir, and what makes resuming exact:
 Writes are atomic (a temporary file, fsync, rename): a process killed or a disk filling up mid-save leaves the
 previous checkpoint intact. Everything a user can get wrong ends in a UserError with one line that says what to do.
 """
-import errno
 import json
 import os
 import random
@@ -20,6 +19,7 @@ from dataclasses import fields
 import torch
 
 from infra.configurator import Failure, UserError
+from infra.progress import disk_error, remove_quietly
 from infra.train_config import MODEL_KEYS
 from infra.dataset import META_KEYS
 from infra.published_model import PublishedConfig, published_model
@@ -46,27 +46,13 @@ def save_checkpoint(state, path):
             os.fsync(f.fileno())
     except (OSError, RuntimeError) as e:  # torch.save reports a failed write as a RuntimeError, the OSError inside
         remove_quietly(tmp)
-        cause = e if isinstance(e, OSError) else e.__context__
-        if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-            reason = "no space left (a full disk or a file-size limit)"
-        elif isinstance(cause, OSError):
-            reason = cause.strerror or type(cause).__name__
-        else:
-            reason = f"the write failed ({str(e).strip()[:80]})"
-        previous = f"the previous checkpoint at {path} is intact" if os.path.exists(path) else \
-            "no checkpoint was written"
-        raise CheckpointWriteFailed(f"{reason} writing {path}; {previous}") from None
+        previous = f"the previous {os.path.basename(path)} is intact" if os.path.exists(path) else \
+            f"no {os.path.basename(path)} was written"
+        raise CheckpointWriteFailed(f"{disk_error(e)} writing {path}; {previous}") from None
     except BaseException:  # Ctrl-C mid-save: the old checkpoint stays, the partial file goes
         remove_quietly(tmp)
         raise
     os.replace(tmp, path)
-
-
-def remove_quietly(path):
-    try:
-        os.remove(path)
-    except OSError:
-        pass
 
 
 def load_checkpoint(path, device="cpu"):
@@ -211,11 +197,16 @@ def check_resume(config, checkpoint, meta):
     """Resuming continues the same run: the model's shape, the objective and the vocabulary must match."""
     saved = checkpoint["config"]
     published = saved.get("published_weights")  # fine-tuned published weights: their shape came with them
+    earlier = {f.name: f.default for f in fields(ModelConfig)}  # a setting an earlier version did not record
     for key in (("arch", "block_size") if published else MODEL_KEYS) + ("objective",):
         # (another objective would mix units in the best-checkpoint comparison)
-        if saved.get(key) != config[key]:
+        held = saved[key] if key in saved else checkpoint["model_config"].get(key, earlier.get(key))
+        if held is None:
+            raise UserError(f"cannot resume: the checkpoint in {config['out_dir']} does not record its {key}: "
+                            f"start a new run (a new --out_dir)")
+        if held != config[key]:
             raise UserError(f"cannot resume: --{key}={config[key]} but the checkpoint in {config['out_dir']} has "
-                            f"{key}={saved.get(key)}; pass --{key}={saved.get(key)} (or a new --out_dir)")
+                            f"{key}={held}; pass --{key}={held} (or a new --out_dir)")
     if published:  # the shape no flag describes: this run's config says what it holds, as the first run's did
         config.update({k: saved[k] for k in MODEL_KEYS}, published_weights=published)
     saved_meta = checkpoint["meta"]

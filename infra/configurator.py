@@ -168,6 +168,10 @@ def apply_overrides(defaults, argv):
                 config[key] = _check_type(key, value, defaults[key])
             continue
         key, has_value, text = arg[2:].partition("=")
+        if any("\udc80" <= c <= "\udcff" for c in arg):  # bytes the locale's codec could not read (LC_ALL=C)
+            import locale
+            raise UserError(f"--{key}: the terminal's locale ({locale.getpreferredencoding(False)}) cannot read "
+                            f"its non-ASCII characters: use a UTF-8 locale (export LC_ALL=C.UTF-8) or PYTHONUTF8=1")
         if key not in defaults:
             raise _unknown(key, defaults)
         if not has_value:

@@ -132,8 +132,8 @@ def run_under_torchrun(config, run):
     import gc
     import sys
     import traceback
-    from torch.distributed import destroy_process_group, init_process_group
-    init_process_group(backend="nccl" if torch.cuda.is_available() and config["device"] != "cpu" else "gloo")
+    from torch.distributed import destroy_process_group
+    join_process_group(config)
     status = 0
     try:
         run()
@@ -147,3 +147,39 @@ def run_under_torchrun(config, run):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
+
+
+def join_process_group(config, give_up_after=120.0):
+    """init_process_group waits in C++ for every process of the job (half an hour by default) and hears no signal
+    meanwhile. Here the wait is bounded and talks: after a few seconds a line says what it waits for, after
+    give_up_after seconds one line ends the process (status 1), and a Ctrl-C or SIGTERM ends it at once (nothing
+    has been done yet that could be kept)."""
+    import signal
+    import sys
+    import threading
+    from torch.distributed import init_process_group
+    where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    world, rank = os.environ["WORLD_SIZE"], os.environ["RANK"]
+
+    def waiting():
+        print(f"process {rank}: waiting for all {world} processes of the job to meet at {where} (up to "
+              f"{give_up_after:.0f} s)", file=sys.stderr, flush=True)
+
+    def give_up():
+        print(f"train.py: error: process {rank}: the {world} processes did not all meet at {where} within "
+              f"{give_up_after:.0f} s: start every process together (torchrun --nproc_per_node={world} ...)",
+              file=sys.stderr, flush=True)
+        os._exit(1)
+
+    timers = [threading.Timer(5.0, waiting), threading.Timer(give_up_after, give_up)]
+    previous = {sig: signal.signal(sig, signal.SIG_DFL) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for timer in timers:
+        timer.daemon = True
+        timer.start()
+    try:
+        init_process_group(backend="nccl" if torch.cuda.is_available() and config["device"] != "cpu" else "gloo")
+    finally:
+        for timer in timers:
+            timer.cancel()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -197,7 +197,13 @@ def hub_reachable(seconds=5.0):
 def where_from(name_or_folder):
     """"folder", "cache" (downloaded before: no network needed) or "hub"; one line when it can be none of them."""
     if os.path.isdir(name_or_folder):
-        return "folder"
+        if os.path.exists(os.path.join(name_or_folder, "config.json")):
+            return "folder"
+        if os.path.exists(os.path.join(name_or_folder, "ckpt.pt")):
+            raise UserError(f"{name_or_folder} is a train.py out_dir, not published weights: pass "
+                            f"--out_dir={name_or_folder} instead (with train.py's --init_from=resume to continue it)")
+        raise UserError(f"{name_or_folder} holds no config.json: pass a folder written by save_pretrained, or a hub "
+                        f"name such as gpt2, bert-base-uncased, t5-small")
     if name_or_folder.startswith((".", "/", "~")) or os.path.exists(name_or_folder):
         raise UserError(f"{name_or_folder} is not a folder: pass a folder written by save_pretrained, or a hub "
                         f"name such as gpt2, bert-base-uncased, t5-small")
@@ -399,10 +405,16 @@ def load_for_training(config, meta):
     loaded shape (so the checkpoint says what it holds, and --init_from=resume rebuilds it)."""
     name, arch = config["init_from"], config["arch"]
     prepare = f"python data/shakespeare/prepare.py --tokenizer={name}"
-    # the cheap checks first (dataset against --arch): no download for a run that cannot go
+    # the cheap checks first (the name, its family against --arch, the dataset): no weights downloaded for a run
+    # that cannot go (a hub name costs its config.json)
     if arch not in ARCH_OF_FAMILY.values():
         raise UserError(f"published checkpoints are GPT-2 (--arch=gpt), BERT (--arch=bert) or T5 (--arch=t5); "
                         f"there is no published {arch}")
+    opened = open_with_transformers(name)
+    family = opened[3].model_type
+    if ARCH_OF_FAMILY[family] != arch:
+        raise UserError(f"{name} is a {family} checkpoint: train it with --arch={ARCH_OF_FAMILY[family]} "
+                        f"(not --arch={arch})")
     if arch == "gpt" and meta.get("tokenizer") != "gpt2":
         raise UserError(f"--init_from={name} reads GPT-2 BPE tokens but dataset {config['dataset']} is "
                         f"{meta.get('tokenizer')}-level: use --dataset=shakespeare (prepared with tiktoken's gpt2)")
@@ -410,11 +422,6 @@ def load_for_training(config, meta):
         raise UserError(f"--init_from={name} (--arch={arch}) reads the checkpoint's own tokens but dataset "
                         f"{config['dataset']} is {meta.get('tokenizer')}-level: prepare one with its tokenizer "
                         f"({prepare}) and pass the --dataset it prints")
-    opened = open_with_transformers(name)
-    family = opened[3].model_type
-    if ARCH_OF_FAMILY[family] != arch:
-        raise UserError(f"{name} is a {family} checkpoint: train it with --arch={ARCH_OF_FAMILY[family]} "
-                        f"(not --arch={arch})")
     model, hf_tokenizer = load_pretrained(name, opened=opened)  # the config is not read (nor the hub asked) twice
     c = model.config
     if hf_tokenizer is not None:  # the same vocabulary, not only the same family

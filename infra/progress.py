@@ -14,6 +14,7 @@ Long work talks, and stops when asked. Every script of the project uses these tw
 
 Plain prints, no dependency: a line every ~10 s is enough to tell a user the job is alive and when it will end.
 """
+import errno
 import os
 import signal
 import threading
@@ -90,13 +91,46 @@ class StopSignals:
         return self.requested
 
 
-def write_atomically(path, text):
-    """Write a results file whole or not at all (a stop mid-write leaves the previous version): what long
-    experiments call after each finished piece, so Ctrl-C keeps everything finished. Makes its folder."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
+def write_atomically(path, text, *more):
+    """Write results files whole or not at all: `path, text`, and any further `path, text` pairs as one outcome (a
+    table and its JSON, both or neither). What long experiments call after each finished piece, so Ctrl-C keeps
+    everything finished and a stop mid-write leaves the previous versions. A full disk is one line (exit status 1)
+    with no temporary file left behind. Makes the folders."""
+    files, written = [(path, text)] + list(zip(more[::2], more[1::2])), []
+    try:
+        for name, content in files:
+            os.makedirs(os.path.dirname(os.path.abspath(name)), exist_ok=True)
+            written.append(name + ".tmp")
+            with open(name + ".tmp", "w") as f:
+                f.write(content)
+    except BaseException as e:
+        for tmp in written:
+            remove_quietly(tmp)
+        if not isinstance(e, OSError):  # Ctrl-C mid-write: the previous versions stay, the partial files go
+            raise
+        from infra.configurator import Failure
+        kept = "the previous versions are kept" if any(os.path.exists(n) for n, _ in files) else "nothing written"
+        raise Failure(f"{disk_error(e)} writing {name}; {kept} "
+                      f"({', '.join(os.path.basename(n) for n, _ in files)})") from None
+    for name, _ in files:
+        os.replace(name + ".tmp", name)
+
+
+def disk_error(error):
+    """Why a write failed, in words (torch.save reports a failed write as a RuntimeError around the OSError)."""
+    cause = error if isinstance(error, OSError) else error.__context__
+    if isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+        return "no space left (a full disk or a file-size limit)"
+    if isinstance(cause, OSError):
+        return cause.strerror or type(cause).__name__
+    return f"the write failed ({str(error).strip()[:80]})"
+
+
+def remove_quietly(path):
+    try:
+        os.remove(path)
+    except OSError:
+        pass
 
 
 def check_writable(paths, option="--out_dir"):

@@ -35,9 +35,9 @@ from types import SimpleNamespace
 
 import torch
 
-from infra.checkpoint import OutDirLock, RunLog, remove_quietly, save_checkpoint
+from infra.checkpoint import CheckpointWriteFailed, OutDirLock, RunLog, save_checkpoint
 from infra.configurator import Failure, UserError, apply_overrides
-from infra.progress import StopSignals, format_duration
+from infra.progress import StopSignals, format_duration, remove_quietly
 from infra.timing import matmul_flops_per_second, mfu_text
 
 
@@ -80,6 +80,9 @@ def project_run(seconds_per_eval_batch, iterations, config, device, cpu_recipe, 
     return lines
 
 
+STOPPING = "stopping: saving a checkpoint first"  # what a first Ctrl-C or SIGTERM prints
+
+
 class RunControl:
     def __init__(self, config, setup, cpu_recipe, is_cpu_recipe, seconds_between_lines):
         """setup: train.prepare's namespace (processes, log, iter_num, end_iter, best_val_loss, flops_done,
@@ -94,7 +97,9 @@ class RunControl:
         self.last_losses = {}
         self.seconds_between_lines = seconds_between_lines
         self.cpu_recipe, self.is_cpu_recipe = cpu_recipe, is_cpu_recipe
-        self.signals = StopSignals("stopping: saving a checkpoint first", self.log)
+        self.signals = StopSignals(STOPPING, self.log)
+        if config["compile"]:  # the flag is read between steps, and the first one compiles for a minute or two
+            self.signals.message = "stopping after the first step, which is still compiling: saving a checkpoint then"
         self.stopped = False  # the one stop flag: every process has heard of it, or the master decided it
         self.cut_short = False  # a stop came during an evaluation
         self.pending_losses = []  # (iteration, loss on the device), read back at log and save time
@@ -116,16 +121,21 @@ class RunControl:
         """The master's files: create out_dir, lock it against a second run, start (or continue) the log. A new
         run with --overwrite=True starts clean: the old checkpoints go now, not at the first save."""
         created = not os.path.exists(self.out_dir)
+        lock = None
         try:
             os.makedirs(self.out_dir, exist_ok=True)
             lock = OutDirLock(self.out_dir)
             lock.acquire()
-        except OSError as e:
-            raise UserError(f"cannot write to --out_dir={self.out_dir} ({e.strerror}): choose another folder") from None
-        if self.fresh:
-            for name in ("ckpt.pt", "best.pt", "ckpt.pt.tmp", "best.pt.tmp"):
-                remove_quietly(os.path.join(self.out_dir, name))
-        return lock, RunLog(os.path.join(self.out_dir, "log.jsonl"), None if self.fresh else self.first_iter), created
+            if self.fresh:
+                for name in ("ckpt.pt", "best.pt", "ckpt.pt.tmp", "best.pt.tmp"):
+                    remove_quietly(os.path.join(self.out_dir, name))
+            return lock, RunLog(os.path.join(self.out_dir, "log.jsonl"), None if self.fresh else self.first_iter), \
+                created
+        except OSError as e:  # e.g. a folder where the lock or log.jsonl goes: the file is named, the lock freed
+            if lock is not None:
+                lock.release()
+            raise UserError(f"cannot write {e.filename or self.out_dir} in --out_dir={self.out_dir} ({e.strerror}): "
+                            f"remove it or choose another folder") from None
 
     def __exit__(self, kind, value, traceback):
         self.signals.__exit__(kind, value, traceback)
@@ -210,7 +220,11 @@ class RunControl:
         save_checkpoint(state, os.path.join(self.out_dir, "ckpt.pt"))
         self.saved_at = state["iter_num"]
         if best:
-            save_checkpoint(state, os.path.join(self.out_dir, "best.pt"))
+            try:
+                save_checkpoint(state, os.path.join(self.out_dir, "best.pt"))
+            except CheckpointWriteFailed as e:  # the ckpt.pt just written is this iteration's, and kept
+                raise CheckpointWriteFailed(f"{e}; ckpt.pt of iteration {state['iter_num']} was written (resume "
+                                            f"from it once there is space)") from None
         self.run_log.sync()  # the log is on disk up to the checkpoint
 
     def evaluation_done(self, iter_num, saved):
@@ -248,6 +262,7 @@ class RunControl:
         stopping. Every log_interval iterations (or SECONDS_BETWEEN_LINES seconds) returns what the log line says:
         a namespace of loss, dt (s/iter), tokens, supervised (per iteration), mfu (text) and left (s); else None."""
         self.pending_losses.append((iter_num, loss))
+        self.signals.message = STOPPING
         line_due = time.perf_counter() - self.last_line > self.seconds_between_lines
         flops, tokens, supervised, asked, line_due = self.processes.sum(
             [float(flops), float(tokens), float(supervised), float(bool(self.signals)), float(line_due)])

@@ -51,7 +51,7 @@ TRAIN_CASES = [
     (["--device=cuda"], ["CUDA is not available"]),
     (["--dataset=nowhere"], ["unknown --dataset=nowhere"]),
     (["config/no_such_file.py"], ["not found"]),
-    (["--init_from=gpt9"], ["reads GPT-2 BPE tokens", "--dataset=shakespeare"]),  # a published name: checked first
+    (["--init_from=gpt9"], ["could not load 'gpt9'"]),  # the name is checked before the dataset
     (["--init_from=resum"], ["did you mean resume?"]),
     (["--max_iters"], ["needs a value"]),
     (["--weight_decay=-1"], ["weight_decay"]),

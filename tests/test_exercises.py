@@ -91,3 +91,17 @@ def test_the_reference_solution_solves_it(outcomes, number):
     status, output, patch_error = outcomes[1][number]
     assert not patch_error, f"exercises/solutions/{number}.patch no longer applies: {patch_error}"
     assert status == 0 and output.endswith("solved"), output[-2000:]
+
+
+def test_half_of_a_solution_is_not_solved(tmp_path):
+    """Exercise 10 asks for the switch in train.py and its refusals in infra/train_config.py: train.py's half alone
+    (the refusals missing: a bad --switch_to would be a traceback later) is not solved."""
+    tree = str(tmp_path / "tree")
+    copy_of_the_tree(tree)
+    with open(os.path.join(FOLDER, "solutions", "10.patch"), encoding="utf-8") as f:
+        halves = re.split(r"(?=^diff --git )", f.read(), flags=re.M)
+    half = tmp_path / "train-half.patch"
+    half.write_text("".join(h for h in halves if h.startswith("diff --git a/train.py")), encoding="utf-8")
+    assert subprocess.run(["git", "apply", str(half)], cwd=tree).returncode == 0
+    status, output = check(tree, 10)
+    assert status == 1 and "not solved: train.py accepts --switch_to=bert:mlm" in output, output

@@ -271,3 +271,179 @@ def test_published_claims_without_a_text_asks_for_one(monkeypatch):
         published_claims.read_text("")
     assert "prepare" not in str(refused.value)
 
+
+
+# ----------------------------------------------------------------------------- 5. full disks, folders in the way
+
+def on_a_full_disk(at):
+    """The environment of a command whose file ending with `at` cannot be written (tests/full_disk)."""
+    return dict(os.environ, FULL_DISK_AT=at, PYTHONPATH=os.pathsep.join(
+        [os.path.join(ROOT, "tests", "full_disk")] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+
+
+def leftovers(folder):
+    return sorted(str(p) for p in __import__("pathlib").Path(folder).rglob("*.tmp"))
+
+
+def test_results_files_are_written_together_or_not_at_all(tmp_path, monkeypatch):
+    """write_atomically(path, text, path2, text2): a full disk at either file is one failure (exit status 1 through
+    run_main), with no temporary file left and neither file half-updated: a table never lands without its JSON."""
+    import builtins
+    from infra.configurator import Failure
+    from infra.progress import write_atomically
+    real_open = builtins.open
+
+    def full_at(suffix):
+        def fake(file, mode="r", *args, **kwargs):
+            if str(file).endswith(suffix) and "w" in mode:
+                real_open(file, mode).close()  # the file is made, then the disk is full
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_open(file, mode, *args, **kwargs)
+        return fake
+
+    json_path, md_path = str(tmp_path / "r.json"), str(tmp_path / "r.md")
+    for suffix in ("r.json.tmp", "r.md.tmp"):
+        monkeypatch.setattr(builtins, "open", full_at(suffix))
+        with pytest.raises(Failure, match="no space left .* nothing written") as failed:
+            write_atomically(json_path, "{}", md_path, "table")
+        monkeypatch.setattr(builtins, "open", real_open)
+        assert "Traceback" not in str(failed.value) and os.listdir(tmp_path) == [], os.listdir(tmp_path)
+    write_atomically(json_path, "{1}", md_path, "table 1")
+    monkeypatch.setattr(builtins, "open", full_at("r.md.tmp"))
+    with pytest.raises(Failure, match="the previous versions are kept"):
+        write_atomically(json_path, "{2}", md_path, "table 2")
+    monkeypatch.setattr(builtins, "open", real_open)
+    assert sorted(os.listdir(tmp_path)) == ["r.json", "r.md"] and open(json_path).read() == "{1}"
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_full_disk_in_an_experiment_is_one_line_and_exit_status_1(tmp_path, jobs):
+    """An experiment's checkpoint cannot be written (in this process, or in a training process of --jobs=2): one
+    line, status 1 (a failure, not a usage error), no temporary file; results that cannot be written are neither
+    file of their pair."""
+    models = "gpt,bert" if jobs > 1 else "gpt"
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "reversal.py"), "--quick",
+                             f"--out_dir={tmp_path}", f"--models={models}", f"--jobs={jobs}"], capture_output=True,
+                            text=True, timeout=HANG_TIMEOUT, cwd=ROOT, env=on_a_full_disk("ckpt.pt.tmp"))
+    one_line(result, "no space left", "ckpt.pt; no ckpt.pt was written", status=1)
+    assert leftovers(tmp_path) == []
+    if jobs == 1:
+        result = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "reversal.py"), "--quick",
+                                 f"--out_dir={tmp_path}", "--models=gpt"], capture_output=True, text=True,
+                                timeout=HANG_TIMEOUT, cwd=ROOT, env=on_a_full_disk("reversal-quick-gpt.md.tmp"))
+        one_line(result, "no space left", "nothing written (reversal-quick-gpt.json, reversal-quick-gpt.md)",
+                 status=1)
+        assert leftovers(tmp_path) == [] and not (tmp_path / "reversal-quick-gpt.json").exists()
+
+
+def test_a_full_disk_between_the_latest_and_the_best_checkpoint_says_what_is_on_disk(char_dataset, tmp_path):
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"),
+                             *tiny_args(char_dataset, str(out), max_iters=2, eval_interval=2)],
+                            capture_output=True, text=True, timeout=HANG_TIMEOUT, cwd=ROOT,
+                            env=on_a_full_disk("best.pt.tmp"))
+    line = one_line(result, "no space left", "best.pt; no best.pt was written; ckpt.pt of iteration 2 was written",
+                    status=1)
+    assert "no checkpoint was written" not in line
+    assert (out / "ckpt.pt").exists() and not (out / "best.pt").exists() and leftovers(out) == []
+    assert checkpoint.load_checkpoint(str(out / "ckpt.pt"))["iter_num"] == 2
+
+
+@pytest.mark.parametrize("name", ["log.jsonl", "lock"])
+def test_a_folder_where_the_run_log_or_the_lock_goes_is_named_and_no_lock_stays(char_dataset, tmp_path, name):
+    out = tmp_path / "out"
+    (out / name).mkdir(parents=True)
+    result = run_script("train.py", *tiny_args(char_dataset, str(out), max_iters=2))
+    one_line(result, f"cannot write {out / name}", "Is a directory")
+    assert sorted(os.listdir(out)) == [name]  # no lock, log or checkpoint left behind
+
+
+# ----------------------------------------------------------------------------- 6. processes, names, locales
+
+def test_a_torchrun_environment_without_its_peers_talks_stops_at_sigterm_and_gives_up(tmp_path):
+    """A complete torchrun environment whose other processes never come: after a few seconds a line says what the
+    process waits for; a SIGTERM ends it at once (init_process_group alone would wait half an hour, deaf to it);
+    left alone, it gives up with one line."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = dict(os.environ, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    process = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), f"--out_dir={tmp_path / 'o'}",
+                                "--device=cpu"], stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    try:
+        line = process.stderr.readline()
+        assert f"waiting for all 2 processes of the job to meet at 127.0.0.1:{port}" in line, line
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == -signal.SIGTERM and not (tmp_path / "o").exists()
+    code = "import infra.parallel as p; p.join_process_group({'device': 'cpu'}, give_up_after=3)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env,
+                            timeout=HANG_TIMEOUT)
+    assert result.returncode == 1 and "did not all meet at" in result.stderr.strip().splitlines()[-1], result.stderr
+
+
+def test_a_published_name_or_folder_is_checked_before_the_dataset(char_dataset, trained, tmp_path):
+    """--init_from=<not a published checkpoint> says so, not that the dataset is char-level; a train.py out_dir
+    given as published weights is named as one."""
+    pytest.importorskip("transformers")
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    for name, needle in (("gpt3", "could not load 'gpt3'"), (str(tmp_path / "nowhere"), "is not a folder"),
+                         (trained, "is a train.py out_dir, not published weights: pass --out_dir=")):
+        result = run_script("train.py", f"--dataset={char_dataset}", f"--init_from={name}", "--device=cpu",
+                            f"--out_dir={tmp_path / 'o'}", env=env)
+        assert "char" not in one_line(result, needle)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    one_line(run_script("train.py", f"--dataset={char_dataset}", f"--init_from={empty}", "--device=cpu",
+                        f"--out_dir={tmp_path / 'o'}", env=env), "holds no config.json")
+
+
+def test_a_checkpoint_without_a_setting_of_a_later_version_resumes_at_that_settings_old_value(char_dataset,
+                                                                                              tmp_path):
+    """A checkpoint written before `position` existed (learned positions were then the only kind) resumes with the
+    default, and a different --position names a value the user can pass, never --position=None."""
+    out = str(tmp_path / "o")
+    train.train(train.resolve_config(tiny_args(char_dataset, out, max_iters=2, eval_interval=2)))
+    state = torch.load(os.path.join(out, "ckpt.pt"), weights_only=False)
+    del state["config"]["position"], state["model_config"]["position"]
+    torch.save(state, os.path.join(out, "ckpt.pt"))
+    refused = run_script("train.py", *tiny_args(char_dataset, out, max_iters=4, eval_interval=2), "--position=rope",
+                         "--init_from=resume")
+    assert "None" not in one_line(refused, "checkpoint", "has position=learned; pass --position=learned")
+    resumed = train.train(train.resolve_config(tiny_args(char_dataset, out, max_iters=4, eval_interval=2) +
+                                               ["--init_from=resume"]))
+    assert resumed["iter_num"] == 4
+
+
+def test_an_argument_the_locale_cannot_read_names_the_locale():
+    """LC_ALL=C with Python's UTF-8 mode off: a non-ASCII prompt arrives as undecodable bytes; the one line says
+    it is the locale, not characters missing from the vocabulary."""
+    env = dict(os.environ, LC_ALL="C", PYTHONUTF8="0")
+    env.pop("LANG", None)
+    result = run_script("sample.py", "--start=caf\u00e9", env=env)
+    assert "outside the vocabulary" not in one_line(result, "--start", "locale", "UTF-8")
+
+
+def test_a_stop_during_the_first_compiled_step_says_it_waits_for_the_compile(char_dataset, tmp_path):
+    """With --compile=True the first step compiles for a while (minutes for t5 on two cores) and the stop flag is
+    read between steps: the line printed at once says so, and the run then saves after that step and ends as
+    train.py's stops end (status 0, a checkpoint kept)."""
+    out = tmp_path / "o"
+    process = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"),
+                                *tiny_args(char_dataset, str(out), max_iters=50, eval_interval=25, quiet=False),
+                                "--compile=True"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               cwd=ROOT)
+    try:
+        for line in process.stdout:
+            if line.startswith("step 0:"):  # the evaluation before the first step is done: the step compiles now
+                break
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = process.communicate(timeout=HANG_TIMEOUT)
+    finally:
+        process.kill()
+    assert "SIGTERM: stopping after the first step, which is still compiling" in stdout, stdout
+    assert process.returncode == 0 and "Traceback" not in stderr, (process.returncode, stderr)
+    assert "interrupted: saved" in stdout and (out / "ckpt.pt").exists()

@@ -228,7 +228,7 @@ def test_a_full_disk_during_a_save_is_one_line(char_dataset, tmp_path):
     process = start(char_dataset, out, max_iters=4, eval_interval=2, preexec_fn=limit_file_size(100_000))
     _, stderr = process.communicate(timeout=HANG_TIMEOUT)
     assert process.returncode == 1 and stderr.strip().count("\n") == 0 and "Traceback" not in stderr, stderr
-    assert "no space left" in stderr and "no checkpoint was written" in stderr
+    assert "no space left" in stderr and "no ckpt.pt was written" in stderr
     assert not os.path.exists(out)  # a new run that saved nothing leaves nothing
     run(char_dataset, out, arch="gpt", max_iters=2, eval_interval=2)  # a good checkpoint; a resume cannot save
     process = start(char_dataset, out, init_from="resume", max_iters=4, eval_interval=2,

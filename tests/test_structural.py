@@ -685,8 +685,8 @@ def test_a_training_process_that_dies_is_a_failure_that_says_how_to_go_on(tmp_pa
 
 
 def test_reuse_checks_the_checkpoint_itself(tmp_path):
-    """--reuse=True loads a finished run only if its checkpoint holds the run's own arch and objective (bert's
-    weights copied into gpt's folder are trained again, not reported as gpt), and a damaged checkpoint is one line
+    """--reuse=True loads a finished run only if its checkpoint holds the run's own arch, shape and objective
+    (bert's weights copied into gpt's folder are trained again, not reported as gpt), and a damaged checkpoint is one line
     that says which folder to delete; a --budget below one training step is refused before any work."""
     import glob
     import shutil
@@ -697,8 +697,14 @@ def test_reuse_checks_the_checkpoint_itself(tmp_path):
     shutil.copyfile(bert, gpt)
     again = run_script(*args, "--reuse=True")
     assert again.returncode == 0, again.stderr[-2000:]
-    assert "not reusing gpt: its checkpoint holds bert (mlm), not gpt (clm)" in again.stdout and "reused bert" in \
-        again.stdout
+    assert "not reusing gpt: its checkpoint holds arch=bert, not gpt; objective=mlm, not clm" in again.stdout \
+        and "reused bert" in again.stdout
+    import torch
+    checkpoint = torch.load(bert, weights_only=False)  # bert's own weights, recorded under another shape
+    checkpoint["config"]["n_head"] += 1
+    torch.save(checkpoint, bert)
+    again = run_script(*args, "--reuse=True")
+    assert again.returncode == 0 and "not reusing bert: its checkpoint holds n_head=" in again.stdout, again.stdout
     with open(gpt, "r+b") as f:
         f.truncate(1000)
     damaged = run_script(*args, "--reuse=True")

@@ -1,0 +1,37 @@
+"""A disk that fills up, for the tests: imported at start-up by every Python process whose PYTHONPATH begins with
+this folder (worker processes inherit it). A file whose name ends with $FULL_DISK_AT opens for writing as usual,
+and its first write fails with ENOSPC, as on a full disk; every other file is untouched."""
+import builtins
+import errno
+import os
+
+SUFFIX = os.environ.get("FULL_DISK_AT")
+
+
+class FullFile:
+    def __init__(self, file):
+        self.file = file
+
+    def write(self, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+
+if SUFFIX:
+    real_open = builtins.open
+
+    def open_on_a_full_disk(file, mode="r", *args, **kwargs):
+        opened = real_open(file, mode, *args, **kwargs)
+        if isinstance(file, (str, os.PathLike)) and os.fspath(file).endswith(SUFFIX) and set(mode) & set("wax"):
+            return FullFile(opened)
+        return opened
+
+    builtins.open = open_on_a_full_disk
