@@ -7,8 +7,7 @@ adding cross-attention to the encoder's output. Read leaf to root: rotary positi
 config (with size presets), model. What published BERT and T5 weights compute differently (post-norm, RMSNorm,
 T5's relative position bias, ...) is built on these modules in infra/published_model.py; GPT-2 needs nothing more.
 
-The one attention function (`Attention.forward`) serves self-attention, cross-attention and cached decoding;
-nothing else in the project calls scaled_dot_product_attention.
+One attention function (`Attention.forward`) serves self-attention, cross-attention and cached decoding.
 
     python model.py     # claims B3 (the published sizes), A1 (one set of modules) and D5 (NoPE), in seconds
 """
@@ -229,10 +228,9 @@ class Transformer(nn.Module):
         self.apply(self._init_weights)
 
     def _init_weights(self, module):
-        if isinstance(module, nn.Linear):
-            std = 0.02
-            if getattr(module, "residual_output", False):  # GPT-2: scale by depth of the residual stream
-                std = 0.02 / math.sqrt(2 * (self.config.n_layer + self.config.n_decoder_layer))
+        if isinstance(module, nn.Linear):  # GPT-2: outputs into the residual stream scaled by its depth
+            depth = 2 * (self.config.n_layer + self.config.n_decoder_layer)
+            std = 0.02 / math.sqrt(depth) if getattr(module, "residual_output", False) else 0.02
             nn.init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)

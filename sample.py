@@ -14,6 +14,7 @@ iterative unmasking (`unmask`, `iterative_unmask`), which is also the sampler of
 (--objective=diffusion). Read top to bottom: one token from logits, the left-to-right samplers, the unmasking
 samplers, then the command. Every run prints the text, the number of forward passes and the decode speed.
 """
+import contextlib
 import math
 import os
 import sys
@@ -25,6 +26,7 @@ import torch
 
 from infra.checkpoint import load_model
 from infra.configurator import UserError, apply_overrides, check_compiler, pick_device, read_text_file, run_main
+from infra.decode_layout import prepacked
 from infra.pretrained import tokenizer_for
 from infra.progress import StopSignals
 import kvcache
@@ -143,22 +145,25 @@ def generate(model, prompt, max_new_tokens, num_samples=1, temperature=1.0, top_
                                  encoder_inputs, lengths, start_token, stop)
     model.eval()
     one_position = kvcache.compiled_decode_step() if compiled else kvcache.decode_step
-    block_size = model.config.block_size
-    sequence = start_sequence(model, prompt, num_samples, start_token)
-    cache, logits = prefill_window(model, sequence[:1], encoder_inputs, lengths)
-    cache, logits = cache.fork(num_samples), logits.expand(num_samples, -1)  # one prefill serves every sample
-    window_start = 0
-    for step in range(max_new_tokens):
-        token = sample_next(logits, temperature, top_k, generator, banned)  # (S, 1), stays on the device
-        sequence = torch.cat([sequence, token], dim=1)
-        if step == max_new_tokens - 1 or stop:  # stop: a signal (progress.StopSignals), return what is done
-            break
-        new_start = slide_window(sequence.size(1), window_start, block_size)
-        if new_start != window_start:  # the context is full: prefill the kept tokens again, as the reference
-            window_start = new_start
-            cache, logits = prefill_window(model, sequence[:, window_start:], encoder_inputs, lengths)
-        else:
-            logits = one_position(model, token, cache)  # against the cache
+    # the weights in the layout this CPU reads fastest (infra/decode_layout.py); a compiled step has its own
+    layout = contextlib.nullcontext() if compiled else prepacked(model)
+    with layout:
+        block_size = model.config.block_size
+        sequence = start_sequence(model, prompt, num_samples, start_token)
+        cache, logits = prefill_window(model, sequence[:1], encoder_inputs, lengths)
+        cache, logits = cache.fork(num_samples), logits.expand(num_samples, -1)  # one prefill serves every sample
+        window_start = 0
+        for step in range(max_new_tokens):
+            token = sample_next(logits, temperature, top_k, generator, banned)  # (S, 1), stays on the device
+            sequence = torch.cat([sequence, token], dim=1)
+            if step == max_new_tokens - 1 or stop:  # stop: a signal (progress.StopSignals), return what is done
+                break
+            new_start = slide_window(sequence.size(1), window_start, block_size)
+            if new_start != window_start:  # the context is full: prefill the kept tokens again, as the reference
+                window_start = new_start
+                cache, logits = prefill_window(model, sequence[:, window_start:], encoder_inputs, lengths)
+            else:
+                logits = one_position(model, token, cache)  # against the cache
     return sequence
 
 

@@ -170,6 +170,15 @@ def evaluate(model, graphs, known, specials, stoi, reversed_paths=False, seed=0,
     return out
 
 
+def evaluate_all(trained, graphs, known, specials, stoi):
+    """{name: its row} for train_all's models: each asked as it was trained (gpt-reversed, the positive control,
+    between lines written goal first, its truth the reversed path; every other model in the forward layout)."""
+    return {name: {**run_record(result),
+                   "accuracy": evaluate(result["model"].eval(), graphs, known, specials, stoi,
+                                        reversed_paths=name == "gpt-reversed", mode=mode_of(result, specials))}
+            for name, result in trained.items()}
+
+
 # ----------------------------------------------------------------------------- the experiment
 
 def report(data, s, scale):
@@ -228,10 +237,7 @@ def main():
     models = compared_models(folders["data-reversed"])
 
     def evaluate_models(trained):
-        return {name: {**run_record(result),
-                       "accuracy": evaluate(result["model"].eval(), eval_graphs, train_graphs, specials, stoi,
-                                            reversed_paths=name == "gpt-reversed", mode=mode_of(result, specials))}
-                for name, result in trained.items()}
+        return evaluate_all(trained, eval_graphs, train_graphs, specials, stoi)
 
     models, checkpoints = select(config, models, work)
     seeds_trained = train_and_evaluate_seeds("planning", models, s, folders["data"], checkpoints, device, meta, config,

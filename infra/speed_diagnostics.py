@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 import kvcache
 import masks
+from infra import decode_layout
 from infra.progress import Progress
 from infra.configurator import UserError
 from infra.progress import check_writable
@@ -175,9 +176,11 @@ def profile_steps(step, device, steps, top=8, warmup=2):
 
 def profile_decoding(model, ids, device, autocast=nullcontext, compiled=True, steps=32, top=8, label="profile"):
     """profile_steps around `steps` cached steps of `model` at the middle of the context of `ids` (1, T) (the
-    cache rewound before each, as bench.py's 4a does), at batch 1 and 32, eager and compiled: {case: figures}."""
+    cache rewound before each, as bench.py's 4a does), at batch 1 and 32: eager with nn.Linear's weights, eager with
+    the weights prepacked as sample.py decodes (infra/decode_layout.py), and compiled: {case: figures}."""
     T = ids.size(1)
-    modes = (("eager", kvcache.decode_step),) + ((("compiled", kvcache.compiled_decode_step()),) if compiled else ())
+    modes = (("eager", kvcache.decode_step), ("eager, prepacked weights", kvcache.decode_step)) + \
+        ((("compiled", kvcache.compiled_decode_step()),) if compiled else ())
     cases = [(batch, mode, step) for batch in (1, 32) for mode, step in modes]
     data = {}
     progress = Progress(f"[{label}] decoding", len(cases))
@@ -193,7 +196,8 @@ def profile_decoding(model, ids, device, autocast=nullcontext, compiled=True, st
                 cache.length = start
                 step(model, token, cache)
 
-            data[f"batch {batch}, {mode}"] = profile_steps(decode_one, device, steps, top, warmup=3 * steps)
+            with decode_layout.prepacked(model) if "prepacked" in mode else nullcontext():  # sample.py's eager
+                data[f"batch {batch}, {mode}"] = profile_steps(decode_one, device, steps, top, warmup=3 * steps)
     return data
 
 
@@ -250,6 +254,9 @@ def hugging_face_section(generate, device, size, repeats, results, prompt, new, 
 
 
 
+MODES = (("eager, nn.Linear's layout", False), ("eager", False), ("compiled", True))  # 4c's steps, in this order
+
+
 def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, size, repeats, results, models,
                               prompt, new, autocast):
     """bench.py's 4c: eager vs torch.compile'd decoding step (kvcache.compiled_decode_step), gpt at batch 1, 8 and
@@ -262,7 +269,7 @@ def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, s
         cases = [("gpt", 1), ("gpt", 8), ("t5", 1)]
     t5_inputs = prompt[:, :8]
     rows, data = [], {}
-    progress = Progress("[bench] compiled decoding", 2 * len(cases))
+    progress = Progress("[bench] compiled decoding", len(MODES) * len(cases))
     with torch.no_grad(), autocast():
         for done, (arch, batch) in enumerate(cases):
             model = models[arch]
@@ -274,14 +281,18 @@ def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, s
             compute_bound = matmul_rate / decoding_cost(model, context, encoder_length)[2]  # each row's matmuls, peak
             if done == 0 or cases[done - 1][0] != arch:
                 torch._dynamo.reset()  # a new model: its own graphs (compiled graphs per code object are limited)
-            for mode, compiled in (("eager", False), ("compiled", True)):
-                progress.update(2 * done + compiled)
+            for step, (mode, compiled) in enumerate(MODES):
+                progress.update(len(MODES) * done + step)
 
                 def generation():
                     generate(model, start, new, num_samples=batch, temperature=0, compiled=compiled, **extra)
 
-                first = time_once(generation, device)  # compiles on its first call (for a new batch regime)
-                seconds = median_time(generation, device, max(1, repeats // 2), warmup=0)
+                decode_layout.USE_PREPACKED = mode != "eager, nn.Linear's layout"
+                try:
+                    first = time_once(generation, device)  # compiles on its first call (for a new batch regime)
+                    seconds = median_time(generation, device, max(1, repeats // 2), warmup=0)
+                finally:
+                    decode_layout.USE_PREPACKED = True
                 tokens_per_s = batch * new / seconds
                 data[f"{arch}, batch {batch}, {mode}"] = figures = {
                     "tokens_per_s": tokens_per_s, "floor_tokens_per_s": floor, "of_floor": tokens_per_s / floor,
@@ -289,16 +300,19 @@ def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, s
                 rows.append([arch, batch, mode, f"{tokens_per_s:,.1f}", f"{floor:,.1f}",
                              f"{100 * figures['of_floor']:.1f}%", f"{compute_bound:,.0f}",
                              f"{figures['first_call_extra_s']:.1f}"])
-            eager = data[f"{arch}, batch {batch}, eager"]
-            figures["speedup_over_eager"] = figures["tokens_per_s"] / eager["tokens_per_s"]
-            rows[-1].append(f"{figures['speedup_over_eager']:.2f}x")
-            rows[-2].append("1.00x")
+            plain = data[f"{arch}, batch {batch}, {MODES[0][0]}"]
+            for back, (mode, _) in enumerate(MODES):
+                figures = data[f"{arch}, batch {batch}, {mode}"]
+                figures["speedup_over_plain_eager"] = figures["tokens_per_s"] / plain["tokens_per_s"]
+                rows[back - len(MODES)].append(f"{figures['speedup_over_plain_eager']:.2f}x")
     results["compiled_decoding"] = data
     return table(f"4c. Compiled decoding: {new} greedy tokens per row from a {prompt.size(1)}-token prompt (t5: an "
-                 f"8-token encoder input), eager vs torch.compile'd step (kvcache.compiled_decode_step); floor = "
-                 f"weights once per step + each row's KV cache, at the measured copy bandwidth",
+                 f"8-token encoder input): eager with nn.Linear's weight layout, eager as sample.py decodes (the "
+                 f"weights prepacked for the CPU's BLAS, infra/decode_layout.py) and the torch.compile'd step "
+                 f"(kvcache.compiled_decode_step); floor = weights once per step + each row's KV cache, at the "
+                 f"measured copy bandwidth",
                  ["arch", "batch", "step", "tokens/s", "floor tokens/s", "of floor", "compute bound tokens/s",
-                  "first-call extra s (compile)", "vs eager"], rows)
+                  "first-call extra s (compile)", "vs nn.Linear's layout"], rows)
 
 
 

@@ -263,3 +263,35 @@ def test_each_unmasking_order_reveals_what_its_name_says():
     assert first_revealed("confident") == [1]
     assert first_revealed("margin") == [0]
     assert {first_revealed("random", seed)[0] for seed in range(40)} == {0, 1, 2}
+
+
+@pytest.mark.parametrize("arch", ["gpt", "prefixlm", "t5"])
+def test_decoding_with_prepacked_weights_equals_the_plain_layout(arch):
+    """sample.generate decodes with the large weights prepacked for the CPU's BLAS (infra/decode_layout.py): each
+    product equals nn.Linear's to float rounding, the greedy tokens equal the uncached reference's, and after the
+    block every module computes as nn.Linear again. A width of 256 makes every block's weights large enough to be
+    prepacked (the small ones are left as they are: they are faster so)."""
+    from infra import decode_layout
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(arch=arch, vocab_size=300, block_size=48, n_layer=2, n_head=4, n_embd=256)).eval()
+    with torch.no_grad():  # biases away from their zero initialisation, so that a dropped bias shows
+        for parameter in model.parameters():
+            parameter.add_(0.02 * torch.randn_like(parameter))
+    if not decode_layout.applies(model):
+        pytest.skip("this torch has no oneDNN: the plain layout is the only one")
+    linears = {name: module for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    inputs = {name: torch.randn(3, 1, module.in_features) for name, module in linears.items()}
+    with torch.no_grad():
+        plain = {name: module(inputs[name]) for name, module in linears.items()}
+        with decode_layout.prepacked(model):
+            packed = [m for m in model.modules() if "forward" in vars(m)]
+            # five weights a block, three more for t5's cross-attention, and the output head
+            assert len(packed) == len(linears) == 2 * 5 + (2 * 8 if arch == "t5" else 0) + 1
+            for name, module in linears.items():
+                assert torch.allclose(module(inputs[name]), plain[name], rtol=1e-5, atol=1e-5), name
+    assert not any("forward" in vars(m) for m in model.modules())  # restored
+    prompt = torch.randint(0, 300, (1, 6), generator=torch.Generator().manual_seed(1))
+    extra = dict(encoder_inputs=prompt, start_token=0) if arch == "t5" else {}
+    start = prompt[:, :1] if arch == "t5" else prompt
+    cached = sample.generate(model, start, 30, temperature=0, **extra)
+    assert torch.equal(cached, sample.generate_uncached(model, start, 30, temperature=0, **extra))

@@ -149,6 +149,34 @@ def test_the_reversal_rules_score_what_reading_left_to_right_can_and_cannot():
     assert all(score == (1.0, 1.0) for score in rules["lookup of the facts both ways"].values())
 
 
+def test_the_left_to_right_rule_equals_a_reader_written_from_its_definition():
+    """The reversal's left-to-right rule against a reader written here from its definition: the longest end of the
+    prompt found in the training lines, read as written, then the most frequent characters after it (ties: the
+    first in sorted order). Keys and values are palindromes, so a fact "kk:vv" written backwards is "vv:kk", the
+    answer to its backward question: a rule that also read the lines backwards would solve the reversal."""
+    from collections import Counter
+    entities = [(a * 2, b * 2) for a, b in zip("abcdefgh", "stuvwxyz")]
+    lines, _, eval_half = reversal.training_lines(entities)
+
+    def reader(prompt, text_lines):
+        for start in range(len(prompt)):
+            end = prompt[start:]
+            after = Counter(line[i + len(end):i + len(end) + 2] for line in text_lines for i in range(len(line))
+                            if line.startswith(end, i) and i + len(end) + 2 <= len(line))
+            if after:
+                return max(sorted(after), key=after.get)
+        return ""
+
+    rules = reversal.rule_baselines(entities, eval_half)["left-to-right reader of the text"]
+    both_ways = lines + [line[::-1] for line in lines]
+    for kind in ("forward", "backward"):
+        prompts, truths = reversal.questions(eval_half)[kind]
+        assert rules[kind] == exact_and_per_character([reader(p, lines) for p in prompts], truths), kind
+    prompts, truths = reversal.questions(eval_half)["backward"]
+    assert rules["backward"][0] == 0.0  # the reversal curse of a left-to-right reader
+    assert exact_and_per_character([reader(p, both_ways) for p in prompts], truths) == (1.0, 1.0)  # the premise
+
+
 # ----------------------------------------------------------------------------- the planning task (X5)
 
 def solve(prompt):
@@ -231,6 +259,12 @@ def test_the_planning_evaluation_reads_the_path_slots(arch):
     backwards = Oracle(arch, {q: solve(q.split("\n")[-1])[::-1] for q in asked_r}, specials, stoi, slots,
                        dict(zip(asked_r, behind_r)))
     assert set(planning.evaluate(backwards, graphs, known, specials, stoi, reversed_paths=True).values()) == {1.0}
+    # main's wiring: each model asked in the layout it was trained on (its name decides it)
+    record = dict(val_loss=1.0, flops=1.0, seconds=1.0, objective="clm")
+    if arch == "gpt":
+        rows = planning.evaluate_all({"gpt-reversed": dict(record, model=backwards), "gpt": dict(record, model=solver)},
+                                     graphs, known, specials, stoi)
+        assert rows["gpt-reversed"]["accuracy"] == rows["gpt"]["accuracy"] == {"left to right": 1.0}
     clever = Oracle(arch, {q: first_arm(q.split("\n")[-1]) for q in asked}, specials, stoi, slots)
     expected = sum(first_arm(p) == r for p, r in graphs) / len(graphs)
     assert set(planning.evaluate(clever, graphs, known, specials, stoi).values()) == {expected}
