@@ -1,16 +1,18 @@
 """Cached decoding with nn.Linear's weight layout against the prepacked one (infra/decode_layout.py), interleaved
 in one process so that a noisy machine slows both alike: bench.py's 4c gpt model (6 x 384, 65 tokens), 120 greedy
-tokens per row from a 16-token prompt, batch 1, 8 and 32, five rounds.
+tokens per row from a 16-token prompt (kvcache's prefill and decode_step, as sample.generate runs
+them), batch 1, 8 and 32, five rounds.
 
     PYTHONPATH=. python results/logs/decode_layout_ab.py > results/logs/decode_layout_ab.txt
 """
+import contextlib
 import platform
 import statistics
 import time
 
 import torch
 
-import sample
+import kvcache
 from infra import decode_layout
 from infra.timing import machine_name
 from model import ModelConfig, Transformer
@@ -19,13 +21,24 @@ torch.manual_seed(0)
 model = Transformer(ModelConfig(arch="gpt", vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384,
                                 bias=False)).eval()
 prompt = torch.randint(0, 65, (1, 16))
+
+
+@torch.inference_mode()
+def greedy(batch, packed):
+    """120 greedy tokens per row with the KV cache, as sample.generate decodes them."""
+    with decode_layout.prepacked(model) if packed else contextlib.nullcontext():
+        cache = kvcache.KVCache(model, batch, model.config.block_size)
+        token = kvcache.prefill(model, prompt.expand(batch, -1), cache).argmax(-1, keepdim=True)
+        for _ in range(119):
+            token = kvcache.decode_step(model, token, cache).argmax(-1, keepdim=True)
+
+
 rates = {}
 for _ in range(5):
     for packed in (False, True):
-        decode_layout.USE_PREPACKED = packed
         for batch in (1, 8, 32):
             start = time.perf_counter()
-            sample.generate(model, prompt, 120, num_samples=batch, temperature=0)
+            greedy(batch, packed)
             rates.setdefault((batch, packed), []).append(120 * batch / (time.perf_counter() - start))
 print(f"{machine_name('cpu')}, torch {torch.__version__}, Python {platform.python_version()}")
 print("batch | nn.Linear's layout tokens/s | prepacked tokens/s | ratio of medians | ratio per round")
