@@ -358,7 +358,8 @@ def main():
     compiled_rows = config["compile"]
     if compiled_rows:
         check_compiler(device, "the compiled rows (--compile=False skips them)")
-        fresh_kernel_cache()
+        if not size["quick"]:  # first-compile times as a user pays them; --quick's times mean nothing, and with
+            fresh_kernel_cache()  # torch's own kernel cache a second --quick run takes a third of the first's time
     sections = {"ceilings": bench_ceilings, "prefix": bench_prefix,
                 "profile": lambda *a: bench_profile(*a, compiled_rows=compiled_rows),
                 "training": lambda *a: bench_training(*a, compiled_rows=compiled_rows),
