@@ -35,9 +35,9 @@ import objectives
 import sample  # its samplers: generate (KV cache) and iterative_unmask (bert)
 from infra.configurator import (QUICK_NOTE, QUICK_OUTPUT, UserError, apply_overrides, check_compiler, pick_device,
                                 run_main)
-from infra.speed_diagnostics import (check_out_path, compiled_decoding_section, compiled_training_row,
-                                     flex_attention_rows, fresh_kernel_cache, hugging_face_section, plot,
-                                     profile_section, steadiness, table, which_backend)
+from infra.speed_diagnostics import (check_out_path, chosen_sections, compiled_decoding_section,
+                                     compiled_training_row, flex_attention_rows, fresh_kernel_cache,
+                                     hugging_face_section, plot, profile_section, steadiness, table, which_backend)
 from infra.progress import Progress, StopSignals, format_duration, write_atomically
 from infra.timing import copy_bandwidth, machine_name, matmul_flops_per_second, median_time, mfu_text
 from model import ModelConfig, Transformer
@@ -330,17 +330,7 @@ def bench_profile(device, size, repeats, results, compiled_rows=True):
 
 def main():
     config = apply_overrides(DEFAULTS, sys.argv[1:])
-    names = [x.strip() for x in config["sections"].split(",")]
-    chosen = SECTIONS if names == ["all"] else tuple(names)
-    if "" in chosen:
-        raise UserError(f"--sections={config['sections']!r} has an empty name: give all, or a comma-separated list "
-                        f"of {', '.join(SECTIONS)}")
-    if "all" in chosen:
-        raise UserError(f"--sections={config['sections']}: all means every section, give it alone or list sections")
-    unknown = [repr(x) for x in chosen if x not in SECTIONS]
-    if unknown:  # "all" alone, or names of sections
-        raise UserError(f"--sections={config['sections']}: unknown section {', '.join(unknown)}: give all, or "
-                        f"a comma-separated list of {', '.join(SECTIONS)}")
+    chosen = chosen_sections(config["sections"], SECTIONS)
     if config["repeats"] < 1:
         raise UserError("--repeats must be at least 1")
     device = pick_device(config["device"])

@@ -391,6 +391,22 @@ def plot(results, path):
     return path
 
 
+def chosen_sections(text, sections):
+    """bench.py --sections: "all", or a comma-separated list of section names; one line for anything else."""
+    names = [x.strip() for x in text.split(",")]
+    chosen = sections if names == ["all"] else tuple(names)
+    if "" in chosen:
+        raise UserError(f"--sections={text!r} has an empty name: give all, or a comma-separated list of "
+                        f"{', '.join(sections)}")
+    if "all" in chosen:
+        raise UserError(f"--sections={text}: all means every section, give it alone or list sections")
+    unknown = [repr(x) for x in chosen if x not in sections]
+    if unknown:
+        raise UserError(f"--sections={text}: unknown section {', '.join(unknown)}: give all, or a comma-separated "
+                        f"list of {', '.join(sections)}")
+    return chosen
+
+
 def check_out_path(out):
     """--out is the JSON file; the markdown and PNG go beside it. Find out now, not after the run, if one of them
     cannot be written."""
