@@ -335,12 +335,12 @@ def main():
         raise UserError("--repeats must be at least 1")
     device = pick_device(config["device"])
     size = sizes(device, config["quick"])
-    name = "cuda" if device.startswith("cuda") else device
+    machine = machine_name(device)
+    name = "cuda" if device.startswith("cuda") else "cpu-amd" if "AMD" in machine else device  # a file per CPU kind
     folder = os.path.join(QUICK_OUTPUT, "bench") if config["quick"] else os.path.join("results", "bench")
     out = config["out"] or os.path.join(folder, f"bench-{name}{'-quick' if config['quick'] else ''}.json")
     check_out_path(out)
     repeats = 2 if config["quick"] else config["repeats"]
-    machine = machine_name(device)
     print(f"## bench.py on {device} ({machine}), torch {torch.__version__}; model {size['n_layer']} layers x "
           f"{size['n_embd']} dims, block {size['block_size']}; medians of {repeats}")
     results = {"device": device, "machine": machine, "torch": torch.__version__,
