@@ -170,6 +170,15 @@ def evaluate(model, graphs, known, specials, stoi, reversed_paths=False, seed=0,
     return out
 
 
+def draw_graphs(s, rng):
+    """(training, evaluation, validation) graphs of scale s: the evaluation and validation graphs are new ones, none
+    of them among the training graphs, whatever order its edges are written in."""
+    train_graphs = make_lines(s["train_graphs"], s, rng)
+    seen = frozenset(graph_of(prompt) for prompt, _ in train_graphs)
+    return (train_graphs, make_lines(s["eval_graphs"], s, rng, exclude=seen),
+            make_lines(max(200, s["train_graphs"] // 20), s, rng, exclude=seen))
+
+
 def evaluate_all(trained, graphs, known, specials, stoi):
     """{name: its row} for train_all's models: each asked as it was trained (gpt-reversed, the positive control,
     between lines written goal first, its truth the reversed path; every other model in the forward layout)."""
@@ -222,10 +231,7 @@ def main():
     t0 = time.perf_counter()
     rng = np.random.default_rng(config["seed"])
     check_fits(s, scale)
-    train_graphs = make_lines(s["train_graphs"], s, rng)
-    seen = frozenset(graph_of(prompt) for prompt, _ in train_graphs)
-    eval_graphs = make_lines(s["eval_graphs"], s, rng, exclude=seen)
-    val_graphs = make_lines(max(200, s["train_graphs"] // 20), s, rng, exclude=seen)
+    train_graphs, eval_graphs, val_graphs = draw_graphs(s, rng)
     work = os.path.join(config["out_dir"], "checkpoints", f"planning-{scale}")
     folders = {}
     for variant, reversed_paths in (("data", False), ("data-reversed", True)):

@@ -202,6 +202,14 @@ def test_star_graphs_are_stars_and_evaluation_graphs_are_not_in_the_training_tex
     assert len({planning.graph_of(p) for p, _ in small_train}) < len({p for p, _ in small_train})  # (it comes back)
     small_seen = frozenset(planning.graph_of(p) for p, _ in small_train)
     assert not {planning.graph_of(p) for p, _ in planning.make_lines(100, small, rng, exclude=small_seen)} & small_seen
+    # what main draws, at the scale whose 8 letters make a graph come back often: fresh evaluation and validation
+    # questions (the edge set, start and goal), checked here from the text, not by make_lines' own bookkeeping
+    def question(prompt):
+        return frozenset(prompt.split("/")[0].split(",")), prompt.split("/")[1][:2]
+
+    drawn_train, drawn_eval, drawn_val = planning.draw_graphs(small, np.random.default_rng(7))
+    asked = {question(p) for p, _ in drawn_train}
+    assert drawn_eval and drawn_val and not any(question(p) in asked for p, _ in drawn_eval + drawn_val)
     for prompt, route in train[:100]:
         edges = prompt.split("/")[0].split(",")
         assert len(edges) == 3 * 3 and len(route) == 4 and prompt.endswith(f"{route[0]}{route[-1]}=")
