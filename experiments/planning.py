@@ -232,7 +232,7 @@ def main():
     rng = np.random.default_rng(config["seed"])
     check_fits(s, scale)
     train_graphs, eval_graphs, val_graphs = draw_graphs(s, rng)
-    seen = frozenset(graph_of(prompt) for prompt, _ in train_graphs)
+    seen = frozenset(graph_of(prompt) for prompt, _ in train_graphs)  # (again: the result file records the check)
     work = os.path.join(config["out_dir"], "checkpoints", f"planning-{scale}")
     folders = {}
     for variant, reversed_paths in (("data", False), ("data-reversed", True)):

@@ -215,6 +215,5 @@ def write_results(out_dir, name, data, text):
     all."""
     print("\n" + text)
     base = os.path.join(out_dir, name)
-    os.makedirs(out_dir, exist_ok=True)
     write_atomically(base + ".json", json.dumps(data, indent=1), base + ".md", text + "\n")
     print(f"\nwrote {base}.md and .json in {format_duration(data['seconds'])}")

@@ -567,7 +567,6 @@ def main():
     data["seconds"] = time.perf_counter() - t0
     text = "\n".join(report(data, s, N, V))
     print("\n" + text)
-    os.makedirs(config["out_dir"], exist_ok=True)
     write_atomically(os.path.join(config["out_dir"], f"study-{scale}.md"), text + "\n",
                      os.path.join(config["out_dir"], f"study-{scale}.json"), json.dumps(data, indent=1))
     if "metrics" not in not_done:

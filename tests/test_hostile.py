@@ -289,27 +289,19 @@ def test_results_files_are_written_together_or_not_at_all(tmp_path, monkeypatch)
     """write_atomically(path, text, path2, text2): a full disk at either file is one failure (exit status 1 through
     run_main), with no temporary file left and neither file half-updated: a table never lands without its JSON."""
     import builtins
+    from full_disk.sitecustomize import full_disk_open
     from infra.configurator import Failure
     from infra.progress import write_atomically
     real_open = builtins.open
-
-    def full_at(suffix):
-        def fake(file, mode="r", *args, **kwargs):
-            if str(file).endswith(suffix) and "w" in mode:
-                real_open(file, mode).close()  # the file is made, then the disk is full
-                raise OSError(errno.ENOSPC, "No space left on device")
-            return real_open(file, mode, *args, **kwargs)
-        return fake
-
     json_path, md_path = str(tmp_path / "r.json"), str(tmp_path / "r.md")
     for suffix in ("r.json.tmp", "r.md.tmp"):
-        monkeypatch.setattr(builtins, "open", full_at(suffix))
+        monkeypatch.setattr(builtins, "open", full_disk_open(suffix, real_open))
         with pytest.raises(Failure, match="no space left .* nothing written") as failed:
             write_atomically(json_path, "{}", md_path, "table")
         monkeypatch.setattr(builtins, "open", real_open)
         assert "Traceback" not in str(failed.value) and os.listdir(tmp_path) == [], os.listdir(tmp_path)
     write_atomically(json_path, "{1}", md_path, "table 1")
-    monkeypatch.setattr(builtins, "open", full_at("r.md.tmp"))
+    monkeypatch.setattr(builtins, "open", full_disk_open("r.md.tmp", real_open))
     with pytest.raises(Failure, match="the previous versions are kept"):
         write_atomically(json_path, "{2}", md_path, "table 2")
     monkeypatch.setattr(builtins, "open", real_open)

@@ -25,13 +25,15 @@ class FullFile:
         return getattr(self.file, name)
 
 
-if SUFFIX:
-    real_open = builtins.open
-
+def full_disk_open(suffix, real_open):
+    """An `open` whose files ending with `suffix` open for writing and then fail their first write (ENOSPC)."""
     def open_on_a_full_disk(file, mode="r", *args, **kwargs):
         opened = real_open(file, mode, *args, **kwargs)
-        if isinstance(file, (str, os.PathLike)) and os.fspath(file).endswith(SUFFIX) and set(mode) & set("wax"):
+        if isinstance(file, (str, os.PathLike)) and os.fspath(file).endswith(suffix) and set(mode) & set("wax"):
             return FullFile(opened)
         return opened
+    return open_on_a_full_disk
 
-    builtins.open = open_on_a_full_disk
+
+if SUFFIX:
+    builtins.open = full_disk_open(SUFFIX, builtins.open)
