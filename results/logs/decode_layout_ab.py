@@ -8,12 +8,15 @@ them), batch 1, 8 and 32, five rounds.
 import contextlib
 import platform
 import statistics
+import sys
 import time
 
 import torch
 
 import kvcache
 from infra import decode_layout
+from infra.configurator import run_main
+from infra.progress import Progress
 from infra.timing import machine_name
 from model import ModelConfig, Transformer
 
@@ -33,17 +36,23 @@ def greedy(batch, packed):
             token = kvcache.decode_step(model, token, cache).argmax(-1, keepdim=True)
 
 
-rates = {}
-for _ in range(5):
-    for packed in (False, True):
-        for batch in (1, 8, 32):
-            start = time.perf_counter()
-            greedy(batch, packed)
-            rates.setdefault((batch, packed), []).append(120 * batch / (time.perf_counter() - start))
-print(f"{machine_name('cpu')}, torch {torch.__version__}, Python {platform.python_version()}")
-print("batch | nn.Linear's layout tokens/s | prepacked tokens/s | ratio of medians | ratio per round")
-for batch in (1, 8, 32):
-    plain, packed = rates[(batch, False)], rates[(batch, True)]
-    print(f"{batch} | {statistics.median(plain):.0f} | {statistics.median(packed):.0f} | "
-          f"{statistics.median(packed) / statistics.median(plain):.2f}x | "
-          + ", ".join(f"{b / a:.2f}" for a, b in zip(plain, packed)))
+def main():
+    rates, progress = {}, Progress("rounds", 5, log=lambda *a, **k: print(*a, file=sys.stderr, **k))  # ~1-2 min
+    for done in range(5):
+        for packed in (False, True):
+            for batch in (1, 8, 32):
+                start = time.perf_counter()
+                greedy(batch, packed)
+                rates.setdefault((batch, packed), []).append(120 * batch / (time.perf_counter() - start))
+        progress.update(done + 1)
+    print(f"{machine_name('cpu')}, torch {torch.__version__}, Python {platform.python_version()}")
+    print("batch | nn.Linear's layout tokens/s | prepacked tokens/s | ratio of medians | ratio per round")
+    for batch in (1, 8, 32):
+        plain, packed = rates[(batch, False)], rates[(batch, True)]
+        print(f"{batch} | {statistics.median(plain):.0f} | {statistics.median(packed):.0f} | "
+              f"{statistics.median(packed) / statistics.median(plain):.2f}x | "
+              + ", ".join(f"{b / a:.2f}" for a, b in zip(plain, packed)))
+
+
+if __name__ == "__main__":
+    run_main(main, interrupted="nothing written")  # Ctrl-C: one line, status 130
