@@ -33,7 +33,7 @@ import kvcache
 import masks
 import objectives
 import sample  # its samplers: generate (KV cache) and iterative_unmask (bert)
-from infra.configurator import (QUICK_NOTE, QUICK_OUTPUT, UserError, apply_overrides, check_compiler, pick_device,
+from infra.configurator import (QUICK_NOTE, UserError, apply_overrides, check_compiler, pick_device,
                                 run_main)
 from infra.speed_diagnostics import (check_out_path, chosen_sections, compiled_decoding_section,
                                      compiled_training_row, flex_attention_rows, fresh_kernel_cache,
@@ -185,9 +185,7 @@ def bench_attention(device, size, repeats, results, compiled_rows=True):
 
 def bench_decoding(device, size, repeats, results, compiled_rows=True):
     T = size["block_size"]
-    lengths = [L for L in (32, 64, 128, 256, 512, 1024) if L < T] + [T - 1]
-    if T < 64:
-        lengths = [16, T // 2, T - 1]
+    lengths = [16, T // 2, T - 1] if T < 64 else [L for L in (32, 64, 128, 256, 512, 1024) if L < T] + [T - 1]
     models = {arch: build(arch, size, device).eval() for arch in ("gpt", "prefixlm", "t5", "bert")}
     generator = torch.Generator(device=device).manual_seed(0)
     ids = torch.randint(0, 60, (1, T), device=device, generator=generator)
@@ -240,13 +238,10 @@ def bench_decoding(device, size, repeats, results, compiled_rows=True):
                                                                   mask_id=mask_id, temperature=0),
                                   device, max(1, repeats // 2), warmup=1)
             run[f"bert mask-predict, {steps} steps"] = {"tokens_per_s": new / seconds, "forward_passes": steps}
-    # each token must read every weight once, and the KV cache: bandwidth / those bytes bounds tokens/s (at batch 1).
-    # On a CPU whose caches hold much of a small model the bound can be beaten: then the model is too small to be
-    # bound
+    # each token reads every weight and the KV cache once: bandwidth / those bytes bounds tokens/s at batch 1 (beaten
+    # where the CPU's caches hold much of a small model). Token by token only: mask-predict reads them once a step
     floor = decoding_floor(gpt, results["ceilings"]["copy_bandwidth"], 1, prompt.size(1) + new / 2)
     speedup = run["gpt, KV cache"]["tokens_per_s"] / run["gpt, recomputed"]["tokens_per_s"]
-    # the floor assumes one read of the weights per token: it applies to token-by-token decoding, not to
-    # mask-predict, which reads them once per step for many tokens at a time
     rows = [[name, f"{figures['tokens_per_s']:,.1f}", figures["forward_passes"],
              f"{100 * figures['tokens_per_s'] / floor:.1f}%" if name.startswith("gpt") else "-"] for name, figures in run.items()]
     rows.append(["bandwidth floor (weights and KV cache read once per token)", f"{floor:,.1f}", "-", "100%"])
@@ -336,10 +331,7 @@ def main():
     device = pick_device(config["device"])
     size = sizes(device, config["quick"])
     machine = machine_name(device)
-    name = "cuda" if device.startswith("cuda") else "cpu-amd" if "AMD" in machine else device  # a file per CPU kind
-    folder = os.path.join(QUICK_OUTPUT, "bench") if config["quick"] else os.path.join("results", "bench")
-    out = config["out"] or os.path.join(folder, f"bench-{name}{'-quick' if config['quick'] else ''}.json")
-    check_out_path(out)
+    out = check_out_path(config["out"], device, machine, config["quick"])
     repeats = 2 if config["quick"] else config["repeats"]
     print(f"## bench.py on {device} ({machine}), torch {torch.__version__}; model {size['n_layer']} layers x "
           f"{size['n_embd']} dims, block {size['block_size']}; medians of {repeats}")
@@ -366,8 +358,7 @@ def main():
                 texts.append(sections[section](device, size, repeats, results))
                 finished.append(section)
     except KeyboardInterrupt:
-        not_done = [x for x in todo if x not in finished]
-        results["not_done"] = not_done
+        results["not_done"] = not_done = [x for x in todo if x not in finished]
         print(f"\ninterrupted: sections not done: {', '.join(not_done)}", flush=True)
     if "ceilings" in finished and len(finished) > 1:
         texts.append(steadiness(device, size, results))

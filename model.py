@@ -280,7 +280,7 @@ class Transformer(nn.Module):
         mask = masks.attention_mask(kind, query_length, key_length, device=self.token_embedding.weight.device,
                                     **options)
         bias = self.position_bias(stack, query_length, key_length, start)
-        return mask if bias is None else with_bias(mask, bias, query_length, key_length)
+        return mask if bias is None else masks.with_bias(mask, bias)
 
     def run_stack(self, ids, prefix_length=None, lengths=None, cache=None):
         """gpt / bert / prefixlm: one stack, the mask picked by the arch. Returns the final hidden states.
@@ -381,16 +381,6 @@ class Transformer(nn.Module):
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         extra = {"fused": True} if device_type in ("cuda", "cpu") else {}  # one kernel, not a loop over tensors
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)
-
-
-def with_bias(mask, bias, query_length, key_length):
-    """Fold an additive score bias (1, nh, Tq, Tk) and a mask (attn_mask, is_causal) into one float mask."""
-    attn_mask, is_causal = mask
-    if is_causal:
-        attn_mask = masks.causal_mask(query_length, key_length, bias.device)
-    if attn_mask is None:
-        return bias, False
-    return bias.masked_fill(~attn_mask, float("-inf")), False
 
 
 def config_from_preset(name, **overrides):

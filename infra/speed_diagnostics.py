@@ -32,7 +32,7 @@ import kvcache
 import masks
 from infra import decode_layout
 from infra.progress import Progress
-from infra.configurator import UserError
+from infra.configurator import QUICK_OUTPUT, UserError
 from infra.progress import check_writable
 from infra.timing import matmul_flops_per_second, median_time, mfu_text, time_once
 
@@ -407,10 +407,16 @@ def chosen_sections(text, sections):
     return chosen
 
 
-def check_out_path(out):
-    """--out is the JSON file; the markdown and PNG go beside it. Find out now, not after the run, if one of them
-    cannot be written."""
+def check_out_path(out, device, machine, quick):
+    """--out is the JSON file (by default results/bench/bench-<device>.json, one file per CPU kind: bench-cpu-amd on
+    an AMD CPU; --quick: in out-quick/bench/, not committed); the markdown and PNG go beside it. Find out now, not
+    after the run, if one of them cannot be written. Returns the JSON path."""
+    if not out:
+        name = "cuda" if device.startswith("cuda") else "cpu-amd" if "AMD" in machine else device
+        folder = os.path.join(QUICK_OUTPUT, "bench") if quick else os.path.join("results", "bench")
+        out = os.path.join(folder, f"bench-{name}{'-quick' if quick else ''}.json")
     if not out.endswith(".json"):
         raise UserError(f"--out={out} must name a .json file (the markdown and PNG are written beside it)")
     base = os.path.splitext(out)[0]
     check_writable([out, base + ".md", base + ".png"], "--out")
+    return out
