@@ -1,0 +1,691 @@
+"""
+Question: where do encoders still win (claims E3, X1, F3, and the payoff of B2)? At equal size and equal
+pretraining FLOPs, which backbone makes the better embedding model, the better reranker and the better judge of a
+whole input, and why?
+
+    python experiments/encoders.py --jobs=2     # 5 parts x their readers x 3 seeds: 39 minutes measured on 2
+                                                # cores of an AMD EPYC, the study's checkpoints present (missing,
+                                                # they pretrain first: ~30 more with --jobs=2)
+                                                # -> results/structural/encoders-cpu.{md,json,png}
+    python experiments/encoders.py --parts=reranking --steps_multiple=3   # some parts, at 3 x the steps
+    python experiments/encoders.py --quick      # a smoke run in seconds (the test suite runs it) -> out-quick/
+
+The backbones are the study's equal-FLOPs checkpoints (experiments/finetune.py's study_backbones: gpt, bert,
+prefixlm, t5, masked diffusion, one pretraining run per seed; --jobs=N pretrains N at once when they are missing).
+Every task is made from the text: training examples from the training split, evaluation examples from the
+validation split, which no backbone read in pretraining.
+
+1. The structural fact (an illustration: it holds by construction). A causal state at position i has read
+   characters 0..i only, so gpt's states over a text's first half are the same to the bit whatever follows; a
+   bidirectional reader's are not; reading the text twice and pooling over the second copy (echo embeddings,
+   Springer et al. 2024) gives the causal model the whole text. Each evaluation first half appears twice, followed
+   once by a second half that holds a capital letter (label 1) and once by one that does not (label 0): a probe
+   on the frozen first-half mean is then exactly at 50% for gpt (its two vectors are equal), and above 50% only
+   for a reader whose first-half states have read the second half.
+2. Bi-encoder retrieval, a document whose meaning is decided at its end. A document is two lines of text and a
+   last line "A" or "B" that says which of the two it is about; the query is that line. Every line is the topic of
+   one document and the distractor of another (its hard negative), so spelling overlap cannot tell the two apart
+   (the n-gram cosine rule ties them) and the flag, read last, decides. Each reader is fine-tuned as a bi-encoder
+   with in-batch InfoNCE (the hard negative in the batch), the same steps and batch for each; recall@1 and MRR
+   among all evaluation documents. Control of the mechanism: the same with the flag as the first line, which every
+   position of a causal reader has read.
+3. Reranking: cross-encoder against bi-encoder. The query and one candidate read together in one sequence, a
+   linear score on the pooled state, trained listwise; hits@1 among 20 candidates (the right document, its hard
+   negative, 18 others), beside the bi-encoders of part 2 on the same candidate sets, and the price of each (ms
+   per query for 20 and for 1,000 candidates).
+4. A whole-input judgement (F3): two lines, the second the first again (agree) or the first with one word replaced
+   by another of the same length (disagree), exactly half each; a head on the pooled state, fine-tuned.
+
+Baselines under the same scoring: chance, the character n-gram rules (tasks.py's features: cosine for retrieval, a
+tuned logistic regression for the judgements) and, where a rule can be told the task's format, that rule too (it
+shows the task is well posed; the question is what a backbone learns from the examples alone). Positive control of
+each part: its best reader's mean minus one std above the spelling rule by CONTROL_MARGIN, or the part gives no
+verdict. Mean +- std over seeds; each seed is its own pretraining run and fine-tuning order.
+"""
+import os
+import re
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/encoders.py
+import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while it loads ends quietly)
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from experiments.equal_compute import machine_line, resolve_experiment
+from experiments.finetune import Backbone, hidden_states, study_backbones
+from experiments.structural import write_results
+from experiments.study_report import mean_std, plus_minus
+from experiments.tasks import ngram_features, tuned_logistic_regression, read_texts
+from infra.configurator import QUICK_NOTE, UserError, output_folder, run_main
+from infra.progress import StopSignals, check_writable, format_duration
+
+DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/structural",
+                study_dir="results/study",  # where experiments/study.py and finetune.py keep their checkpoints
+                seed=1337, quiet=True,
+                parts="all",  # or some of probe, retrieval, flag-first, reranking, judge (comma-separated)
+                steps_multiple=1,  # every fine-tuning run at this multiple of the scale's steps
+                jobs=1)  # the study's pretraining, when missing: how many runs train at once (processes)
+SCALES = {  # line: characters of a document's line (two lines, the flag and two newlines must fit twice in the
+    # study's context for echo); half: of the structural part's windows; judge_line: of the agreement task's lines
+    "cpu": dict(study_scale="cpu", line=14, half=16, judge_line=20, train_lines=4000, eval_lines=1000,
+                probe_windows=2000, judge_examples=3000, rerank_queries=500, candidates=20, steps=300, probe_steps=400,
+                batch_size=32, rerank_batch=8, rerank_negatives=3, learning_rate=1e-3, head_learning_rate=3e-3,
+                temperature=0.05, timing_repeats=5, seeds=3),
+    "gpu": dict(study_scale="gpu", line=60, half=64, judge_line=100, train_lines=20000, eval_lines=2000,
+                probe_windows=10000, judge_examples=20000, rerank_queries=1000, candidates=20, steps=2000,
+                probe_steps=1000, batch_size=64, rerank_batch=16, rerank_negatives=3, learning_rate=1e-4,
+                head_learning_rate=3e-3, temperature=0.05, timing_repeats=5, seeds=3),
+    "quick": dict(study_scale="quick", line=6, half=8, judge_line=7, train_lines=96, eval_lines=40, probe_windows=48,
+                  judge_examples=48, rerank_queries=16, candidates=8, steps=3, probe_steps=5, batch_size=8,
+                  rerank_batch=4, rerank_negatives=3, learning_rate=1e-3, head_learning_rate=3e-3, temperature=0.05,
+                  timing_repeats=1, seeds=1),
+}
+FLAGS = "AB"  # a document's flag line: A = it is about its first line, B = about its second
+CONTROL_MARGIN = 0.10  # a part's positive control: its best reader (mean - std) this far above the spelling rule
+PROBE_READERS = [("gpt", "mean"), ("gpt", "echo"), ("bert", "mean"), ("prefixlm", "mean"), ("t5", "mean"),
+                 ("diffusion", "mean")]  # (study model, how its vector is read)
+BI_READERS = [("gpt", "mean"), ("gpt", "last"), ("gpt", "echo"), ("bert", "mean"), ("prefixlm", "mean"),
+              ("t5", "mean"), ("diffusion", "mean")]
+FLAG_FIRST_READERS = [("gpt", "mean"), ("gpt", "last"), ("bert", "mean")]  # the mechanism's control
+CROSS_READERS = [("gpt", "last"), ("bert", "mean"), ("prefixlm", "mean"), ("t5", "mean"), ("diffusion", "mean")]
+JUDGE_READERS = [("gpt", "last"), ("gpt", "mean"), ("bert", "mean"), ("prefixlm", "mean"), ("t5", "mean"),
+                 ("diffusion", "mean")]
+
+
+# ----------------------------------------------------------------------------- the tasks, from the text
+
+def text_lines(text, count, length, rng, exclude=()):
+    """`count` distinct fragments of `length` characters, newlines as spaces, from non-overlapping places of the
+    text (overlapping ones would be near-duplicate queries)."""
+    places = rng.permutation(len(text) // length)
+    lines, seen = [], set(exclude)
+    for place in places:
+        line = text[place * length:(place + 1) * length].replace("\n", " ")
+        if line not in seen and line.strip():
+            lines.append(line)
+            seen.add(line)
+            if len(lines) == count:
+                return lines
+    raise UserError(f"the text holds only {len(lines)} distinct lines of {length} characters, {count} wanted: "
+                    f"use a longer text or a smaller scale")
+
+
+def document(topic, distractor, topic_second, flag_at="end"):
+    """Two lines and a flag line that says which of them the document is about."""
+    first, second = (distractor, topic) if topic_second else (topic, distractor)
+    flag = FLAGS[int(topic_second)]
+    return f"{first}\n{second}\n{flag}" if flag_at == "end" else f"{flag}\n{first}\n{second}"
+
+
+def documents(lines, rng, flag_at="end"):
+    """Document i is about lines[i], with lines[i + 1] (cyclically) as its other line: every line is the topic of
+    one document and the distractor of the one before it (document i - 1, query i's hard negative)."""
+    n, sides = len(lines), rng.integers(0, 2, len(lines))
+    return [document(lines[i], lines[(i + 1) % n], sides[i], flag_at) for i in range(n)]
+
+
+def flagged_line(doc, flag_at="end"):
+    """What a rule told the format reads: the line the flag names."""
+    parts = doc.split("\n")
+    first, second, flag = (parts[0], parts[1], parts[2]) if flag_at == "end" else (parts[1], parts[2], parts[0])
+    return second if flag == FLAGS[1] else first
+
+
+def candidate_sets(n, queries, size, rng):
+    """For each of the first `queries` queries: its document, its hard negative, then size - 2 other documents."""
+    sets = np.zeros((queries, size), dtype=np.int64)
+    for i in range(queries):
+        others = np.setdiff1d(np.arange(n), [i, (i - 1) % n])
+        sets[i] = [i, (i - 1) % n] + list(rng.choice(others, size - 2, replace=False))
+    return sets
+
+
+def split_windows(text, count, half, rng):
+    """The structural part's windows: `count` // 2 first halves, each twice, followed once by a second half that
+    holds a capital letter (label 1) and once by one that does not (label 0): the label is decided by the second
+    half alone. Returns (texts, labels), the two windows of a first half next to each other."""
+    n, firsts, with_capital, without = count // 2, [], [], []
+    for place in rng.permutation(len(text) // half):  # non-overlapping pieces, in random order
+        piece = text[place * half:(place + 1) * half].replace("\n", " ")
+        kind = firsts if len(firsts) < n else with_capital if any(c.isupper() for c in piece) else without
+        if len(kind) < n:
+            kind.append(piece)
+        if len(without) == len(with_capital) == n:
+            break
+    else:
+        raise UserError(f"the text has too few {half}-character pieces with and without a capital letter")
+    texts, labels = [], []
+    for k, first in enumerate(firsts):
+        texts += [first + with_capital[k], first + without[k]]
+        labels += [1, 0]
+    return texts, np.array(labels)
+
+
+def agreement_examples(text, count, length, rng):
+    """Two lines: a fragment and either the same fragment (label 1, agree) or the fragment with one word of three
+    letters or more replaced by a different word of the same length from elsewhere in the text (0), alternately."""
+    words = {}
+    for word in set(re.findall(r"[A-Za-z]{3,}", text)):
+        words.setdefault(len(word), []).append(word)
+    words = {k: sorted(v) for k, v in words.items() if len(v) > 1}
+    examples, labels = [], []
+    for line in text_lines(text, 3 * count, length, rng):
+        label = len(examples) % 2
+        if label:
+            examples.append(f"{line}\n{line}")
+        else:
+            spans = [m.span() for m in re.finditer(r"[A-Za-z]{3,}", line) if m.end() - m.start() in words]
+            if not spans:
+                continue
+            a, b = spans[int(rng.integers(len(spans)))]
+            choices = [w for w in words[b - a] if w != line[a:b]]
+            examples.append(f"{line}\n{line[:a]}{choices[int(rng.integers(len(choices)))]}{line[b:]}")
+        labels.append(label)
+        if len(examples) == count:
+            return examples, np.array(labels)
+    raise UserError(f"the text gave only {len(examples)} agreement examples, {count} wanted: use a longer text")
+
+
+# ----------------------------------------------------------------------------- what is measured
+
+def info_nce(queries, docs, temperature):
+    """In-batch contrastive loss: query i's document is docs[i], every other document of the batch a negative."""
+    queries, docs = F.normalize(queries, dim=-1), F.normalize(docs, dim=-1)
+    return F.cross_entropy(queries @ docs.T / temperature, torch.arange(len(queries), device=queries.device))
+
+
+def ranks(similarity):
+    """The rank of row i's right answer, column i, among the row's entries; a tie counts against it."""
+    similarity = np.asarray(similarity)
+    return (similarity >= np.diag(similarity)[:, None]).sum(1)
+
+
+def recall_and_mrr(similarity):
+    """Recall@1 and MRR of the queries (rows) among all documents (columns), query i's document column i."""
+    r = ranks(similarity)
+    return {"recall@1": float((r == 1).mean()), "mrr": float((1.0 / r).mean())}
+
+
+def hits_at_1(scores):
+    """(queries, candidates) scores, the right candidate in column 0: how often it alone scores highest."""
+    scores = np.asarray(scores)
+    return float((scores[:, 1:] < scores[:, :1]).all(1).mean())
+
+
+def hard_negative_first(similarity):
+    """How often query i's best-scoring document is its hard negative, document i - 1."""
+    n = len(similarity)
+    return float((np.asarray(similarity).argmax(1) == (np.arange(n) - 1) % n).mean())
+
+
+def balanced_accuracy(predicted, truth):
+    predicted, truth = np.asarray(predicted), np.asarray(truth)
+    return float(np.mean([(predicted[truth == c] == c).mean() for c in (0, 1) if (truth == c).any()]))
+
+
+def control_outcome(values, rule):
+    """A part's positive control: its best reader's mean - std (over seeds) at least CONTROL_MARGIN above the
+    spelling rule's score. values: {reader: [score per seed]}."""
+    best = max(values, key=lambda reader: np.mean(values[reader]))
+    mean, std = mean_std(values[best])
+    passed = mean - (std or 0.0) >= rule + CONTROL_MARGIN
+    return {"best": best, "mean": mean, "std": std, "rule": rule, "passed": bool(passed)}
+
+
+# ----------------------------------------------------------------------------- reading a text into a vector
+
+def embed(backbone, texts, how, span=None):
+    """One vector (N, C) per text: mean over its characters (or those in span = (a, b)), its last position, or echo:
+    the text read twice and the mean over the second copy (whose states have read the whole first copy)."""
+    ids, lengths = backbone.encode([t + t for t in texts] if how == "echo" else texts)
+    hidden = hidden_states(backbone.model, ids, lengths)  # (N, T, C)
+    if how == "last":  # a causal model's only position that has read everything
+        return hidden[torch.arange(len(texts), device=ids.device), lengths - 1]
+    own = lengths // 2 if how == "echo" else lengths  # each text's own length
+    start = own if how == "echo" else torch.zeros_like(own)  # where its (second) copy starts
+    a, b = (torch.zeros_like(own), own) if span is None else (torch.full_like(own, span[0]),
+                                                                torch.full_like(own, span[1]))
+    positions = torch.arange(ids.size(1), device=ids.device)[None, :]
+    chosen = ((positions >= start[:, None] + a[:, None]) & (positions < start[:, None] + b[:, None])).to(hidden.dtype)
+    return (hidden * chosen[..., None]).sum(1) / chosen.sum(1, keepdim=True)
+
+
+def embed_all(backbone, texts, how, span=None, batch=256):
+    """embed in batches (an even size: the structural part's pairs share a batch), without gradients."""
+    backbone.model.eval()
+    with torch.no_grad():
+        return torch.cat([embed(backbone, texts[i:i + batch], how, span) for i in range(0, len(texts), batch)])
+
+
+def train(backbone, head, steps, s, batch_loss, stop, seed):
+    """`steps` of AdamW on the backbone (s["learning_rate"]) and the head (s["head_learning_rate"]); batch_loss(rng)
+    draws a batch and returns its loss."""
+    backbone.model.train()
+    groups = [{"params": backbone.model.parameters(), "lr": s["learning_rate"]}]
+    if head is not None:
+        groups.append({"params": head.parameters(), "lr": s["head_learning_rate"]})
+    optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        if stop:
+            raise KeyboardInterrupt
+        loss = batch_loss(rng)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    backbone.model.eval()
+
+
+# ----------------------------------------------------------------------------- the four parts, one cell each
+
+def probe_cell(backbone, how, task, s, seed, stop):
+    """Part 1: pooled first-half vectors of the evaluation windows (how many pairs are equal to the bit), and a
+    linear probe trained on the frozen training windows' vectors, scored on the evaluation windows."""
+    span = (0, s["half"])
+    train_x = embed_all(backbone, task["train"], how, span)
+    eval_x = embed_all(backbone, task["eval"], how, span)
+    pairs = eval_x.view(-1, 2, eval_x.size(-1))
+    equal = [bool(torch.equal(p[0], p[1])) for p in pairs]
+    torch.manual_seed(seed)
+    head = torch.nn.Linear(eval_x.size(-1), 2).to(eval_x.device)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=s["head_learning_rate"], weight_decay=0.0)
+    y = torch.from_numpy(task["train_labels"]).to(eval_x.device)
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(s["probe_steps"]):
+        if stop:
+            raise KeyboardInterrupt
+        index = torch.randperm(len(y), generator=generator)[:s["batch_size"]].to(eval_x.device)
+        loss = F.cross_entropy(head(train_x[index]), y[index])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    with torch.no_grad():
+        predicted = head(eval_x).argmax(-1).cpu().numpy()
+    return {"equal pairs": int(sum(equal)), "pairs": len(equal),
+            "median difference": float((pairs[:, 0] - pairs[:, 1]).abs().amax(-1).median()),
+            "balanced accuracy": balanced_accuracy(predicted, task["eval_labels"])}
+
+
+def biencoder_cell(backbone, how, task, s, seed, stop, flag_at):
+    """Part 2: fine-tune as a bi-encoder (in-batch InfoNCE, each batch's documents built around its own lines so
+    every query's hard negative is in the batch); score among all evaluation documents and on the 20-candidate
+    sets. Returns recall@1, MRR, how often the hard negative ranks first, and hits@1."""
+    lines = task["train_lines"]
+
+    def batch_loss(rng):
+        chosen = [lines[i] for i in rng.choice(len(lines), s["batch_size"], replace=False)]
+        return info_nce(embed(backbone, chosen, how), embed(backbone, documents(chosen, rng, flag_at), how),
+                        s["temperature"])
+
+    train(backbone, None, s["steps"], s, batch_loss, stop, seed)
+    docs = task["docs"] if flag_at == "end" else task["docs_flag_first"]
+    similarity = (F.normalize(embed_all(backbone, task["eval_lines"], how), dim=-1)
+                  @ F.normalize(embed_all(backbone, docs, how), dim=-1).T).cpu().numpy()
+    sets = task["candidate_sets"]
+    return {**recall_and_mrr(similarity), "hard negative first": hard_negative_first(similarity),
+            "hits@1": hits_at_1(similarity[np.arange(len(sets))[:, None], sets])}
+
+
+def cross_scores(backbone, head, queries, docs, how):
+    """A cross-encoder's score of each (query, document): both read together, one number from the pooled state."""
+    return head(embed(backbone, [f"{q}\n{d}" for q, d in zip(queries, docs)], how)).squeeze(-1)
+
+
+def crossencoder_cell(backbone, how, task, s, seed, stop):
+    """Part 3: a cross-encoder trained listwise (each query against its document, its hard negative and other
+    documents of the batch), scored by hits@1 on the candidate sets."""
+    lines, k = task["train_lines"], s["rerank_negatives"]
+    torch.manual_seed(seed)
+    head = torch.nn.Linear(backbone.model.config.n_embd, 1).to(backbone.device)
+
+    def batch_loss(rng):
+        chosen = [lines[i] for i in rng.choice(len(lines), s["batch_size"], replace=False)]
+        docs, n = documents(chosen, rng), len(chosen)
+        queries, candidates = [], []
+        for i in range(s["rerank_batch"]):
+            others = rng.choice(np.setdiff1d(np.arange(n), [i, (i - 1) % n]), k - 1, replace=False)
+            queries += [chosen[i]] * (k + 1)
+            candidates += [docs[i], docs[(i - 1) % n]] + [docs[j] for j in others]
+        scores = cross_scores(backbone, head, queries, candidates, how).view(-1, k + 1)
+        return F.cross_entropy(scores, torch.zeros(len(scores), dtype=torch.long, device=scores.device))
+
+    train(backbone, head, s["steps"], s, batch_loss, stop, seed)
+    sets = task["candidate_sets"]
+    queries = [task["eval_lines"][i] for i in range(len(sets)) for _ in range(sets.shape[1])]
+    candidates = [task["docs"][j] for row in sets for j in row]
+    with torch.no_grad():
+        scores = torch.cat([cross_scores(backbone, head, queries[i:i + 256], candidates[i:i + 256], how)
+                            for i in range(0, len(queries), 256)])
+    result = {"hits@1": hits_at_1(scores.view(sets.shape).cpu().numpy())}
+    if seed == task["first_seed"]:  # the price, once per reader: ms per query
+        result["ms per query"] = price(backbone, head, how, task, s)
+    return result
+
+
+def price(backbone, head, how, task, s):
+    """Median ms to rank the candidates of one query: the cross-encoder reads (query, candidate) once per candidate;
+    the bi-encoder encodes the query and takes dot products with document vectors encoded beforehand (their
+    one-off cost per document beside it). For 20 candidates and for every evaluation document."""
+    def median_ms(work):
+        times = []
+        for _ in range(s["timing_repeats"]):
+            t0 = time.perf_counter()
+            work()
+            times.append(1000 * (time.perf_counter() - t0))
+        return float(np.median(times))
+
+    query, docs = task["eval_lines"][0], task["docs"]
+    doc_vectors = embed_all(backbone, docs, how)
+    out = {}
+    for count in (s["candidates"], len(docs)):
+        with torch.no_grad():
+            out[f"cross-encoder, {count} candidates"] = median_ms(lambda: [
+                cross_scores(backbone, head, [query] * len(docs[i:min(i + 256, count)]),
+                             docs[i:min(i + 256, count)], how) for i in range(0, count, 256)])
+            out[f"bi-encoder, {count} candidates"] = median_ms(
+                lambda: embed(backbone, [query], how) @ doc_vectors[:count].T)
+    out["bi-encoder, encoding one document (once)"] = median_ms(lambda: embed_all(backbone, docs, how)) / len(docs)
+    return out
+
+
+def judge_cell(backbone, how, task, s, seed, stop):
+    """Part 4: a head on the pooled state, fine-tuned with the backbone on the agreement examples; accuracy."""
+    texts, labels = task["judge_train"], torch.from_numpy(task["judge_train_labels"])
+    torch.manual_seed(seed)
+    head = torch.nn.Linear(backbone.model.config.n_embd, 2).to(backbone.device)
+
+    def batch_loss(rng):
+        index = rng.choice(len(texts), s["batch_size"], replace=False)
+        logits = head(embed(backbone, [texts[i] for i in index], how))
+        return F.cross_entropy(logits, labels[index].to(logits.device))
+
+    train(backbone, head, s["steps"], s, batch_loss, stop, seed)
+    with torch.no_grad():
+        predicted = head(embed_all(backbone, task["judge_eval"], how)).argmax(-1).cpu().numpy()
+    return {"accuracy": float((predicted == task["judge_eval_labels"]).mean())}
+
+
+# ----------------------------------------------------------------------------- rules, the same scoring
+
+def rules(task, parts=("retrieval", "probe", "judge")):
+    """What a rule without a model reaches on each part, under the part's own scoring."""
+    out, quiet = {}, (lambda *a, **k: None)  # (the tuned regressions' progress lines)
+    if "retrieval" in parts:
+        n, sets = len(task["eval_lines"]), task["candidate_sets"]
+        queries = ngram_features(task["eval_lines"])
+        out["retrieval"] = {"chance": {"recall@1": 1 / n, "mrr": sum(1 / k for k in range(1, n + 1)) / n,
+                                       "hits@1": 1 / sets.shape[1]}}
+        for name, docs in (("n-gram cosine", task["docs"]),
+                           ("n-gram cosine of the flagged line (a rule told the format)",
+                            [flagged_line(d) for d in task["docs"]])):
+            similarity = queries @ ngram_features(docs).T
+            out["retrieval"][name] = {**recall_and_mrr(similarity),
+                                      "hard negative first": hard_negative_first(similarity),
+                                      "hits@1": hits_at_1(similarity[np.arange(len(sets))[:, None], sets])}
+    if "probe" in parts:
+        cuts = (("first half", lambda texts: [t[:len(t) // 2] for t in texts]), ("whole window", lambda t: t))
+        out["probe"] = {f"n-gram logistic regression of the {name}": balanced_accuracy(tuned_logistic_regression(
+            ngram_features(cut(task["train"])), task["train_labels"], ngram_features(cut(task["eval"])), 2,
+            log=quiet), task["eval_labels"]) for name, cut in cuts}
+    if "judge" in parts:
+        truth = task["judge_eval_labels"]
+        judged = tuned_logistic_regression(ngram_features(task["judge_train"]), task["judge_train_labels"],
+                                           ngram_features(task["judge_eval"]), 2, log=quiet)
+        majority = np.bincount(task["judge_train_labels"]).argmax()
+        same = np.array([int(t.split("\n")[0] == t.split("\n")[1]) for t in task["judge_eval"]])
+        out["judge"] = {"majority class": float((truth == majority).mean()),
+                        "n-gram logistic regression": float((judged == truth).mean()),
+                        "the two lines compared (a rule told the format)": float((same == truth).mean())}
+    return out
+
+
+def make_tasks(texts, s, seed):
+    """Every part's examples: training ones from the training split, evaluation ones from the validation split."""
+    rng = np.random.default_rng(seed)
+    train_lines = text_lines(texts["train"], s["train_lines"], s["line"], rng)
+    eval_lines = text_lines(texts["val"], s["eval_lines"], s["line"], rng, exclude=train_lines)
+    task = {"train_lines": train_lines, "eval_lines": eval_lines, "docs": documents(eval_lines, rng),
+            "first_seed": seed}
+    task["docs_flag_first"] = [f"{d[-1]}\n{d[:-2]}" for d in task["docs"]]  # the same documents, flag first
+    task["candidate_sets"] = candidate_sets(len(eval_lines), s["rerank_queries"], s["candidates"], rng)
+    task["train"], task["train_labels"] = split_windows(texts["train"], s["probe_windows"], s["half"], rng)
+    task["eval"], task["eval_labels"] = split_windows(texts["val"], s["probe_windows"], s["half"], rng)
+    task["judge_train"], task["judge_train_labels"] = agreement_examples(texts["train"], s["judge_examples"],
+                                                                         s["judge_line"], rng)
+    task["judge_eval"], task["judge_eval_labels"] = agreement_examples(texts["val"], s["judge_examples"] // 3,
+                                                                       s["judge_line"], rng)
+    return task
+
+
+# ----------------------------------------------------------------------------- the experiment
+
+CELL_COST = {"probe": 0.2, "retrieval": 1.0, "flag-first": 1.0, "reranking": 1.2, "judge": 0.9}  # relative time
+PARTS = {"probe": PROBE_READERS, "retrieval": BI_READERS, "flag-first": FLAG_FIRST_READERS,
+         "reranking": CROSS_READERS, "judge": JUDGE_READERS}
+
+
+def run_one(part, backbone, how, task, s, seed, stop):
+    if part == "probe":
+        return probe_cell(backbone, how, task, s, seed, stop)
+    if part in ("retrieval", "flag-first"):
+        return biencoder_cell(backbone, how, task, s, seed, stop, "first" if part == "flag-first" else "end")
+    if part == "reranking":
+        return crossencoder_cell(backbone, how, task, s, seed, stop)
+    if part == "judge":
+        return judge_cell(backbone, how, task, s, seed, stop)
+    raise ValueError(f"unknown part {part!r}")
+
+
+def values(data, part, reader, metric):
+    return [c[metric] for c in data["cells"] if (c["part"], c["reader"]) == (part, reader) and metric in c]
+
+
+def controls(data):
+    """Each part's positive control, from the cells and the rules."""
+    out = {}
+    for part, metric, rule in (("retrieval", "recall@1", data["rules"]["retrieval"]["n-gram cosine"]["recall@1"]),
+                               ("reranking", "hits@1", data["rules"]["retrieval"]["n-gram cosine"]["hits@1"]),
+                               ("judge", "accuracy", data["rules"]["judge"]["n-gram logistic regression"])):
+        scores = {f"{name} ({how})": values(data, part, f"{name} ({how})", metric) for name, how in PARTS[part]}
+        scores = {reader: v for reader, v in scores.items() if v}
+        if scores:
+            out[part] = control_outcome(scores, rule)
+    return out
+
+
+def report(data, s, scale):
+    pct = lambda v: plus_minus(v, 1, percent=True)  # noqa: E731
+    lines = [QUICK_NOTE, ""] if scale == "quick" else []
+    lines += [f"Where encoders still win (claims E3, X1, F3, B2), scale `{scale}`: the study's equal-FLOPs "
+              f"checkpoints (experiments/study.py's scale `{s['study_scale']}`), one pretraining run per seed "
+              f"({', '.join(map(str, data['seeds']))}), fine-tuned {s['steps']} steps of batch {s['batch_size']} "
+              f"(learning rate {s['learning_rate']}, heads {s['head_learning_rate']}); mean +- std over seeds, in %. "
+              f"Training examples from the training split, evaluation ones from the validation split. On "
+              f"{data['machine']}, {data['seconds'] / 60:.1f} min. Positive control of a part: its best reader's "
+              f"mean - std at least {100 * CONTROL_MARGIN:.0f} points above the spelling rule."
+              + "".join(f" {note}" for note in data.get("notes", []))
+              + ("" if data["parts"] == list(PARTS) else f" Parts run: {', '.join(data['parts'])}.")
+              + (f" Every fine-tuning run at {data['steps_multiple']} x the scale's steps." if
+                 data["steps_multiple"] > 1 else ""), "",
+              "The checkpoints' validation loss at the end of pretraining, by seed (a seed far above the others "
+              "pretrained worse, and its rows carry that): " + "; ".join(
+                  f"{model} " + ", ".join(f"{v['final_val_loss']:.2f}" for k, v in data["checkpoints"].items()
+                                          if k.startswith(model + ",")) for model in
+                  dict.fromkeys(k.split(",")[0] for k in data["checkpoints"])) + ".", ""]
+    outcome = data["controls"]
+
+    def control_line(part):
+        c = outcome.get(part)
+        if c is None:
+            return "Positive control: not run."
+        word = "passed" if c["passed"] else "FAILED (no verdict from this part)"
+        return (f"Positive control: {word}: best {c['best']} {100 * c['mean']:.1f}% +- "
+                f"{100 * (c['std'] or 0):.1f} against the spelling rule's {100 * c['rule']:.1f}%.")
+
+    r = data["rules"]
+    lines += ["## 1. The structural fact (an illustration: true by construction)", "",
+              f"{data['task sizes']['probe eval']} evaluation "
+              f"windows of {2 * s['half']} characters: {data['task sizes']['probe eval'] // 2} first halves, each "
+              f"followed once by a second half with a capital letter and once by one without. Pooled: the mean of "
+              f"the first half's final states (echo: of the second copy's first half). Probe: a linear head on "
+              f"those frozen vectors, {s['probe_steps']} steps, balanced accuracy.", "",
+              "| reader | first-half vectors equal to the bit (pairs) | median max abs difference | probe |",
+              "|---|---|---|---|"]
+    for name, how in PROBE_READERS:
+        reader = f"{name} ({how})"
+        cells = [c for c in data["cells"] if (c["part"], c["reader"]) == ("probe", reader)]
+        if cells:
+            lines.append(f"| {reader} | {cells[0]['equal pairs']} of {cells[0]['pairs']} | "
+                         f"{cells[0]['median difference']:.2g} | {pct([c['balanced accuracy'] for c in cells])} |")
+    for rule, v in r["probe"].items():
+        lines.append(f"| (rule) {rule} | - | - | {100 * v:.1f}% |")
+    lines += ["", "## 2. Bi-encoder retrieval: the flag, read last, decides", "",
+              f"{data['task sizes']['eval lines']} queries, each ranked among all {data['task sizes']['eval lines']} "
+              f"evaluation documents (two lines of {s['line']} characters and the flag); hard negative first: how "
+              f"often the document whose *other* line is the query ranks first; hits@1: among {s['candidates']} "
+              f"candidates (part 3's sets). Flag first: the same documents with the flag as their first line.", "",
+              "| reader | recall@1 | MRR | hard negative first | hits@1 of " + str(s["candidates"])
+              + " | recall@1, flag first |", "|---|---|---|---|---|---|"]
+    for name, how in BI_READERS:
+        reader = f"{name} ({how})"
+        lines.append(f"| {reader} | " + " | ".join(pct(values(data, "retrieval", reader, m)) for m in
+                                                   ("recall@1", "mrr", "hard negative first", "hits@1"))
+                     + f" | {pct(values(data, 'flag-first', reader, 'recall@1'))} |")
+    for rule, v in r["retrieval"].items():
+        lines.append(f"| (rule) {rule} | {100 * v['recall@1']:.1f}% | {100 * v['mrr']:.1f}% | "
+                     f"{100 * v['hard negative first']:.1f}% | {100 * v['hits@1']:.1f}% | - |" if rule != "chance" else
+                     f"| (rule) chance | {100 * v['recall@1']:.2f}% | {100 * v['mrr']:.2f}% | - | "
+                     f"{100 * v['hits@1']:.1f}% | - |")
+    lines += ["", control_line("retrieval"), "",
+              "## 3. Reranking: a cross-encoder against the bi-encoder", "",
+              f"hits@1 among {s['candidates']} candidates ({s['rerank_queries']} queries: the right document, its "
+              f"hard negative, {s['candidates'] - 2} others); the bi-encoder column is part 2's, same sets. Price: "
+              f"median ms per query over {s['timing_repeats']} repeats, first seed, on this machine.", "",
+              f"| reader | bi-encoder hits@1 | cross-encoder hits@1 | cross, ms/query ({s['candidates']} / "
+              f"{data['task sizes']['eval lines']}) | bi, ms/query ({s['candidates']} / "
+              f"{data['task sizes']['eval lines']}) | bi, ms per document (once) |", "|---|---|---|---|---|---|"]
+    for name, how in CROSS_READERS:
+        reader = f"{name} ({how})"
+        priced = [c["ms per query"] for c in data["cells"] if (c["part"], c["reader"]) == ("reranking", reader)
+                  and "ms per query" in c]
+        times = ["-"] * 3
+        if priced:
+            p, n = priced[0], data["task sizes"]["eval lines"]
+            times = [f"{p['cross-encoder, %d candidates' % s['candidates']]:.1f} / "
+                     f"{p['cross-encoder, %d candidates' % n]:.1f}",
+                     f"{p['bi-encoder, %d candidates' % s['candidates']]:.2f} / "
+                     f"{p['bi-encoder, %d candidates' % n]:.2f}",
+                     f"{p['bi-encoder, encoding one document (once)']:.3f}"]
+        lines.append(f"| {reader} | {pct(values(data, 'retrieval', reader, 'hits@1'))} | "
+                     f"{pct(values(data, 'reranking', reader, 'hits@1'))} | " + " | ".join(times) + " |")
+    lines += [f"| (rule) n-gram cosine | {100 * r['retrieval']['n-gram cosine']['hits@1']:.1f}% | - | - | - | - |",
+              "", control_line("reranking"), "",
+              "## 4. A whole-input judgement: do the two lines agree?", "",
+              f"{data['task sizes']['judge train']} training and {data['task sizes']['judge eval']} evaluation "
+              f"examples of two {s['judge_line']}-character lines, half agreeing; accuracy.", "",
+              "| reader | accuracy |", "|---|---|"]
+    for name, how in JUDGE_READERS:
+        lines.append(f"| {name} ({how}) | {pct(values(data, 'judge', f'{name} ({how})', 'accuracy'))} |")
+    for rule, v in r["judge"].items():
+        lines.append(f"| (rule) {rule} | {100 * v:.1f}% |")
+    lines += ["", control_line("judge")]
+    return "\n".join(lines)
+
+
+def plot(data, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    readers = [f"{name} ({how})" for name, how in BI_READERS]
+    for offset, part in ((-0.2, "retrieval"), (0.2, "flag-first")):
+        v = [values(data, part, r, "recall@1") for r in readers]
+        axes[0].bar(np.arange(len(readers)) + offset, [100 * np.mean(x) if x else 0 for x in v], 0.4,
+                    yerr=[100 * np.std(x, ddof=1) if len(x) > 1 else 0 for x in v], capsize=3,
+                    label="flag last" if part == "retrieval" else "flag first (control)")
+    axes[0].axhline(100 * data["rules"]["retrieval"]["n-gram cosine"]["recall@1"], color="grey", linestyle=":",
+                    label="n-gram cosine rule")
+    axes[0].set_xticks(np.arange(len(readers)), readers, rotation=30, ha="right", fontsize=8)
+    axes[0].set_title("bi-encoder retrieval: recall@1 (%) by reader and pooling")
+    axes[0].legend(fontsize=7)
+    readers = [f"{name} ({how})" for name, how in CROSS_READERS]
+    for offset, (part, label) in ((-0.2, ("retrieval", "bi-encoder")), (0.2, ("reranking", "cross-encoder"))):
+        v = [values(data, part, r, "hits@1") for r in readers]
+        axes[1].bar(np.arange(len(readers)) + offset, [100 * np.mean(x) if x else 0 for x in v], 0.4,
+                    yerr=[100 * np.std(x, ddof=1) if len(x) > 1 else 0 for x in v], capsize=3, label=label)
+    axes[1].axhline(100 * data["rules"]["retrieval"]["n-gram cosine"]["hits@1"], color="grey", linestyle=":",
+                    label="n-gram cosine rule")
+    axes[1].set_xticks(np.arange(len(readers)), readers, rotation=30, ha="right", fontsize=8)
+    axes[1].set_title(f"reranking: hits@1 of {data['settings']['candidates']} (%)")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    config, scale, device = resolve_experiment(DEFAULTS, SCALES, "encoders")
+    if not config["study_dir"]:
+        raise UserError(f"--study_dir is empty: name the folder whose study checkpoints are read (the default is "
+                        f"{DEFAULTS['study_dir']})")
+    if os.path.exists(config["study_dir"]) and not os.path.isdir(config["study_dir"]):
+        raise UserError(f"--study_dir={config['study_dir']} is a file: pass the --out_dir of experiments/study.py "
+                        f"or finetune.py --study (default {DEFAULTS['study_dir']}), whose checkpoints are read")
+    parts = list(PARTS) if config["parts"] == "all" else str(config["parts"]).split(",")
+    if not parts or any(part not in PARTS for part in parts) or len(set(parts)) < len(parts):
+        raise UserError(f"--parts={config['parts']}: choose all, or some of {', '.join(PARTS)} (comma-separated)")
+    multiple = config["steps_multiple"]
+    if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
+        raise UserError(f"--steps_multiple={multiple}: a whole number >= 1 (each fine-tuning run's steps, times it)")
+    name = f"encoders-{scale}" + ("" if config["parts"] == "all" else "-" + "-".join(parts)) + \
+        ("" if multiple == 1 else f"-x{multiple}")  # a partial run never overwrites the whole one
+    check_writable([os.path.join(config["out_dir"], name + extension) for extension in (".md", ".json", ".png")])
+    s = dict(SCALES[scale], steps=SCALES[scale]["steps"] * multiple)
+    from experiments.study import SCALES as STUDY_SCALES  # the context of the checkpoints read
+    block = STUDY_SCALES[s["study_scale"]]["block_size"]
+    longest = max(2 * (2 * s["line"] + 3), 4 * s["half"], 3 * s["line"] + 4, 2 * s["judge_line"] + 1)
+    if longest > block:  # (echo reads a document twice; a cross-encoder reads the query and a document)
+        raise UserError(f"scale {scale}'s longest input is {longest} characters, the study's models read {block}")
+    t0 = time.perf_counter()
+    texts = read_texts(config["dataset"])
+    task = make_tasks(texts, s, config["seed"])
+    seeds = [config["seed"] + k for k in range(s["seeds"])]
+    study_dir = output_folder({"quick": config["quick"], "out_dir": config["study_dir"]},
+                              {"out_dir": DEFAULTS["study_dir"]})  # --quick: the quick study's, in out-quick/
+    folders, identities = study_backbones(dict(config, out_dir=study_dir), s["study_scale"], device, seeds)
+    data = {"scale": scale, "settings": s, "parts": parts, "steps_multiple": multiple, "seeds": seeds,
+            "machine": machine_line(device, config), "checkpoints": identities, "cells": [], "rules": rules(task),
+            "task sizes": {"train lines": len(task["train_lines"]), "eval lines": len(task["eval_lines"]),
+                           "probe train": len(task["train"]), "probe eval": len(task["eval"]),
+                           "judge train": len(task["judge_train"]), "judge eval": len(task["judge_eval"])},
+            "examples": {"document": task["docs"][0], "query": task["eval_lines"][0],
+                         "agreement": task["judge_eval"][:2], "window": task["eval"][:2]}}
+    plan = [(part, model, how, seed) for seed in seeds for part in parts for model, how in PARTS[part]]
+    cost = lambda cells: sum(CELL_COST[part] for part, *_ in cells)  # noqa: E731  (for the time left)
+    started = time.perf_counter()
+    try:
+        with StopSignals(immediate=True) as stop:
+            for number, (part, model, how, seed) in enumerate(plan):
+                elapsed = time.perf_counter() - started
+                left = f", ~{format_duration(elapsed / cost(plan[:number]) * cost(plan[number:]))} left" \
+                    if number else ""
+                print(f"[encoders] {number + 1}/{len(plan)}: {part}, {model} ({how}), seed {seed}{left}", flush=True)
+                backbone = Backbone(folders[(model, seed)], device)  # fresh weights: fine-tuning changes them
+                torch.manual_seed(seed)
+                result = run_one(part, backbone, how, task, s, seed, stop)
+                data["cells"].append({"part": part, "reader": f"{model} ({how})", "seed": seed, **result})
+    except KeyboardInterrupt:
+        print(f"interrupted: {len(data['cells'])} of {len(plan)} cells done; they are written", flush=True)
+    data["controls"] = controls(data)
+    data["seconds"] = time.perf_counter() - t0
+    write_results(config["out_dir"], name, data, report(data, s, scale))
+    plot(data, os.path.join(config["out_dir"], name + ".png"))
+
+
+if __name__ == "__main__":
+    run_main(main, interrupted="the study's checkpoints it trained are kept and reused next time")
