@@ -3,9 +3,9 @@ Question: where do encoders still win (claims E3, X1, F3, and the payoff of B2)?
 pretraining FLOPs, which backbone makes the better embedding model, the better reranker and the better judge of a
 whole input, and why?
 
-    python experiments/encoders.py --jobs=2     # 5 parts x their readers x 3 seeds: 39 minutes measured on 2
-                                                # cores of an AMD EPYC, the study's checkpoints present (missing,
-                                                # they pretrain first: ~30 more with --jobs=2)
+    python experiments/encoders.py --jobs=2     # 5 parts x their readers x 3 seeds: ~33 minutes on 2 cores
+                                                # of an AMD EPYC, the study's checkpoints present (missing, they
+                                                # pretrain first: ~30 more with --jobs=2)
                                                 # -> results/structural/encoders-cpu.{md,json,png}
     python experiments/encoders.py --parts=reranking --steps_multiple=3   # some parts, at 3 x the steps
     python experiments/encoders.py --quick      # a smoke run in seconds (the test suite runs it) -> out-quick/
@@ -61,6 +61,7 @@ from experiments.study_report import mean_std, plus_minus
 from experiments.tasks import ngram_features, tuned_logistic_regression, read_texts
 from infra.configurator import QUICK_NOTE, UserError, output_folder, run_main
 from infra.progress import StopSignals, check_writable, format_duration
+from infra.timing import median_time
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/structural",
                 study_dir="results/study",  # where experiments/study.py and finetune.py keep their checkpoints
@@ -78,7 +79,7 @@ SCALES = {  # line: characters of a document's line (two lines, the flag and two
                 probe_windows=10000, judge_examples=20000, rerank_queries=1000, candidates=20, steps=2000,
                 probe_steps=1000, batch_size=64, rerank_batch=16, rerank_negatives=3, learning_rate=1e-4,
                 head_learning_rate=3e-3, temperature=0.05, timing_repeats=5, seeds=3),
-    "quick": dict(study_scale="quick", line=6, half=8, judge_line=7, train_lines=96, eval_lines=40, probe_windows=48,
+    "quick": dict(study_scale="quick", line=6, half=8, judge_line=10, train_lines=96, eval_lines=40, probe_windows=48,
                   judge_examples=48, rerank_queries=16, candidates=8, steps=3, probe_steps=5, batch_size=8,
                   rerank_batch=4, rerank_negatives=3, learning_rate=1e-3, head_learning_rate=3e-3, temperature=0.05,
                   timing_repeats=1, seeds=1),
@@ -97,9 +98,9 @@ JUDGE_READERS = [("gpt", "last"), ("gpt", "mean"), ("bert", "mean"), ("prefixlm"
 
 # ----------------------------------------------------------------------------- the tasks, from the text
 
-def text_lines(text, count, length, rng, exclude=()):
+def text_lines(text, count, length, rng, exclude=(), or_fewer=False):
     """`count` distinct fragments of `length` characters, newlines as spaces, from non-overlapping places of the
-    text (overlapping ones would be near-duplicate queries)."""
+    text (overlapping ones would be near-duplicate queries); or_fewer: as many as there are, up to count."""
     places = rng.permutation(len(text) // length)
     lines, seen = [], set(exclude)
     for place in places:
@@ -109,6 +110,8 @@ def text_lines(text, count, length, rng, exclude=()):
             seen.add(line)
             if len(lines) == count:
                 return lines
+    if or_fewer:
+        return lines
     raise UserError(f"the text holds only {len(lines)} distinct lines of {length} characters, {count} wanted: "
                     f"use a longer text or a smaller scale")
 
@@ -164,25 +167,35 @@ def split_windows(text, count, half, rng):
     return texts, np.array(labels)
 
 
-def agreement_examples(text, count, length, rng):
-    """Two lines: a fragment and either the same fragment (label 1, agree) or the fragment with one word of three
-    letters or more replaced by a different word of the same length from elsewhere in the text (0), alternately."""
+def word_shape(word):
+    """(length, case pattern): what a replacement word keeps, so that spelling statistics cannot tell."""
+    return len(word), "upper" if word.isupper() else "title" if word[0].isupper() else "lower"
+
+
+def agreement_examples(text, count, length, rng, exclude=()):
+    """Two lines: a fragment and either the same fragment (label 1, agree) or the fragment with one whole word of
+    three letters or more (not cut by the line's edges) replaced by a different word of the same length and case
+    pattern from elsewhere in the text (0), alternately. exclude: lines neither line may be (another part's)."""
     words = {}
     for word in set(re.findall(r"[A-Za-z]{3,}", text)):
-        words.setdefault(len(word), []).append(word)
+        words.setdefault(word_shape(word), []).append(word)
     words = {k: sorted(v) for k, v in words.items() if len(v) > 1}
     examples, labels = [], []
-    for line in text_lines(text, 3 * count, length, rng):
+    for line in text_lines(text, 6 * count, length, rng, exclude, or_fewer=True):
         label = len(examples) % 2
         if label:
             examples.append(f"{line}\n{line}")
         else:
-            spans = [m.span() for m in re.finditer(r"[A-Za-z]{3,}", line) if m.end() - m.start() in words]
+            spans = [m.span() for m in re.finditer(r"[A-Za-z]{3,}", line)
+                     if 0 < m.start() and m.end() < len(line) and word_shape(m.group()) in words]
             if not spans:
                 continue
             a, b = spans[int(rng.integers(len(spans)))]
-            choices = [w for w in words[b - a] if w != line[a:b]]
-            examples.append(f"{line}\n{line[:a]}{choices[int(rng.integers(len(choices)))]}{line[b:]}")
+            choices = [w for w in words[word_shape(line[a:b])] if w != line[a:b]]
+            changed = f"{line[:a]}{choices[int(rng.integers(len(choices)))]}{line[b:]}"
+            if changed in exclude:
+                continue
+            examples.append(f"{line}\n{changed}")
         labels.append(label)
         if len(examples) == count:
             return examples, np.array(labels)
@@ -369,13 +382,8 @@ def price(backbone, head, how, task, s):
     """Median ms to rank the candidates of one query: the cross-encoder reads (query, candidate) once per candidate;
     the bi-encoder encodes the query and takes dot products with document vectors encoded beforehand (their
     one-off cost per document beside it). For 20 candidates and for every evaluation document."""
-    def median_ms(work):
-        times = []
-        for _ in range(s["timing_repeats"]):
-            t0 = time.perf_counter()
-            work()
-            times.append(1000 * (time.perf_counter() - t0))
-        return float(np.median(times))
+    def median_ms(work):  # (the device synchronised around each repeat: on a GPU the work is asynchronous)
+        return 1000 * median_time(work, backbone.device, s["timing_repeats"], warmup=0)
 
     query, docs = task["eval_lines"][0], task["docs"]
     doc_vectors = embed_all(backbone, docs, how)
@@ -455,8 +463,9 @@ def make_tasks(texts, s, seed):
     task["eval"], task["eval_labels"] = split_windows(texts["val"], s["probe_windows"], s["half"], rng)
     task["judge_train"], task["judge_train_labels"] = agreement_examples(texts["train"], s["judge_examples"],
                                                                          s["judge_line"], rng)
+    seen = {line for t in task["judge_train"] for line in t.split("\n")}  # no evaluation line among the training ones
     task["judge_eval"], task["judge_eval_labels"] = agreement_examples(texts["val"], s["judge_examples"] // 3,
-                                                                       s["judge_line"], rng)
+                                                                       s["judge_line"], rng, exclude=seen)
     return task
 
 
@@ -522,8 +531,9 @@ def report(data, s, scale):
         if c is None:
             return "Positive control: not run."
         word = "passed" if c["passed"] else "FAILED (no verdict from this part)"
-        return (f"Positive control: {word}: best {c['best']} {100 * c['mean']:.1f}% +- "
-                f"{100 * (c['std'] or 0):.1f} against the spelling rule's {100 * c['rule']:.1f}%.")
+        spread = "(one seed)" if c["std"] is None else f"+- {100 * c['std']:.1f}"
+        return (f"Positive control: {word}: best {c['best']} {100 * c['mean']:.1f}% {spread} against the spelling "
+                f"rule's {100 * c['rule']:.1f}%.")
 
     r = data["rules"]
     lines += ["## 1. The structural fact (an illustration: true by construction)", "",
@@ -592,7 +602,9 @@ def report(data, s, scale):
     for rule, v in r["judge"].items():
         lines.append(f"| (rule) {rule} | {100 * v:.1f}% |")
     lines += ["", control_line("judge")]
-    return "\n".join(lines)
+    head, *sections = "\n".join(lines).split("\n## ")  # only the sections of the parts run
+    shown = {"1": {"probe"}, "2": {"retrieval", "flag-first"}, "3": {"reranking"}, "4": {"judge"}}
+    return "\n## ".join([head] + [text for text in sections if shown[text[0]] & set(data["parts"])])
 
 
 def plot(data, path):
@@ -657,9 +669,11 @@ def main():
     seeds = [config["seed"] + k for k in range(s["seeds"])]
     study_dir = output_folder({"quick": config["quick"], "out_dir": config["study_dir"]},
                               {"out_dir": DEFAULTS["study_dir"]})  # --quick: the quick study's, in out-quick/
+    began = time.time()
     folders, identities = study_backbones(dict(config, out_dir=study_dir), s["study_scale"], device, seeds)
+    pretrained_now = any(v["written"] >= int(began) for v in identities.values())  # else --jobs shared nothing
     data = {"scale": scale, "settings": s, "parts": parts, "steps_multiple": multiple, "seeds": seeds,
-            "machine": machine_line(device, config), "checkpoints": identities, "cells": [], "rules": rules(task),
+            "machine": machine_line(device, config, runs=None if pretrained_now else 1), "checkpoints": identities, "cells": [], "rules": rules(task),
             "task sizes": {"train lines": len(task["train_lines"]), "eval lines": len(task["eval_lines"]),
                            "probe train": len(task["train"]), "probe eval": len(task["eval"]),
                            "judge train": len(task["judge_train"]), "judge eval": len(task["judge_eval"])},
@@ -681,6 +695,8 @@ def main():
                 data["cells"].append({"part": part, "reader": f"{model} ({how})", "seed": seed, **result})
     except KeyboardInterrupt:
         print(f"interrupted: {len(data['cells'])} of {len(plan)} cells done; they are written", flush=True)
+        data["notes"] = [f"**Interrupted: {len(data['cells'])} of {len(plan)} cells done; a reader's rows may hold "
+                         f"fewer seeds than the header names.**"]
     data["controls"] = controls(data)
     data["seconds"] = time.perf_counter() - t0
     write_results(config["out_dir"], name, data, report(data, s, scale))

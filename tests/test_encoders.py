@@ -4,6 +4,7 @@ loss and the ranking scores agree with plain references, the rules score what th
 fine-tuned on, a failing control reads "failed", and the command runs end to end."""
 import json
 import math
+import re
 from collections import Counter
 
 import numpy as np
@@ -168,10 +169,12 @@ def test_agreement_and_split_windows_are_labelled_as_stated():
     for example, label in zip(examples, labels):
         a, b = example.split("\n")
         assert len(a) == len(b) == 20 and (a == b) == bool(label)
-        if not label:  # one word of the same length replaced
-            diff = [k for k in range(20) if a[k] != b[k]]
-            assert b[:diff[0]] == a[:diff[0]] and b[diff[-1] + 1:] == a[diff[-1] + 1:]
-            assert " " not in a[diff[0]:diff[-1] + 1] and " " not in b[diff[0]:diff[-1] + 1]
+        if not label:  # one whole word replaced by one of the same length and case pattern
+            old = [w for w in re.finditer(r"[A-Za-z]+", a) if b[w.start():w.end()] != w.group()]
+            assert len(old) == 1 and 0 < old[0].start() and old[0].end() < 20, (a, b)
+            new = b[old[0].start():old[0].end()]
+            assert new.isalpha() and encoders.word_shape(new) == encoders.word_shape(old[0].group())
+            assert b[:old[0].start()] == a[:old[0].start()] and b[old[0].end():] == a[old[0].end():]
     windows, labels = encoders.split_windows(text.replace("Now", "nOw"), 10, 8, rng)
     for k in range(0, 10, 2):  # each first half twice, the label decided by the second half
         assert windows[k][:8] == windows[k + 1][:8] and list(labels[k:k + 2]) == [1, 0]
@@ -183,6 +186,28 @@ def quick_task(char_dataset):
     from experiments.tasks import read_texts
     texts = read_texts(char_dataset)
     return texts, encoders.make_tasks(texts, encoders.SCALES["quick"], 1337)
+
+
+def test_the_flag_first_part_reads_the_same_documents_flag_first(quick_task, monkeypatch):
+    """Part 2's control: each evaluation document with its flag line moved first, the same two lines in the same
+    order, and the bi-encoder's flag-first cell ranks those (its training documents built the same way)."""
+    _, task = quick_task
+    for doc, moved, line in zip(task["docs"], task["docs_flag_first"], task["eval_lines"]):
+        first, second, flag = doc.split("\n")
+        assert moved == f"{flag}\n{first}\n{second}" and encoders.flagged_line(moved, "first") == line
+    read = []
+    real = encoders.embed
+
+    def watched(backbone, texts, how, span=None):
+        read.extend(texts)
+        return real(backbone, texts, how, span)
+
+    monkeypatch.setattr(encoders, "embed", watched)
+    s = dict(encoders.SCALES["quick"], steps=2)
+    encoders.biencoder_cell(tiny_backbone("gpt"), "mean", task, s, 0, False, "first")
+    documents = [t for t in read if t.count("\n") == 2]
+    assert documents and all(t.split("\n")[0] in encoders.FLAGS for t in documents)
+    assert set(task["docs_flag_first"]) <= set(documents) and not set(task["docs"]) & set(documents)
 
 
 def test_no_evaluation_text_is_fine_tuned_on(quick_task, monkeypatch):
@@ -216,7 +241,7 @@ def test_no_evaluation_text_is_fine_tuned_on(quick_task, monkeypatch):
         encoders.run_one(part, tiny_backbone("bert"), "mean", task, s, 0, stop=False)
     assert read
     evaluation = set(task["eval_lines"]) | {line for t in task["judge_eval"] for line in t.split("\n")}
-    assert not [t for t in read if any(line in t for line in evaluation)]
+    assert not [t for t in read if set(t.split("\n")) & evaluation]  # (a line is read whole or not at all)
 
 
 def test_the_experiment_runs_end_to_end(char_dataset, tmp_path):
