@@ -58,7 +58,7 @@ from experiments.equal_compute import machine_line, resolve_experiment
 from experiments.finetune import Backbone, hidden_states, study_backbones
 from experiments.structural import write_results
 from experiments.study_report import mean_std, plus_minus
-from experiments.tasks import ngram_features, tuned_logistic_regression, read_texts
+from experiments.tasks import classification_scores, ngram_features, read_texts, tuned_logistic_regression
 from infra.configurator import QUICK_NOTE, UserError, output_folder, run_main
 from infra.progress import StopSignals, check_writable, format_duration
 from infra.timing import median_time
@@ -235,8 +235,7 @@ def hard_negative_first(similarity):
 
 
 def balanced_accuracy(predicted, truth):
-    predicted, truth = np.asarray(predicted), np.asarray(truth)
-    return float(np.mean([(predicted[truth == c] == c).mean() for c in (0, 1) if (truth == c).any()]))
+    return classification_scores(predicted, truth, 2)["balanced accuracy"]  # tasks.py's: the mean of class recalls
 
 
 def control_outcome(values, rule):
