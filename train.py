@@ -6,6 +6,8 @@ Train any of the four architectures with one command and one training loop:
     python train.py --arch=gpt --init_from=resume                    # continue exactly where it stopped
     torchrun --standalone --nproc_per_node=2 train.py --gradient_accumulation_steps=2   # data parallel (gloo on
                           # CPU, NCCL on CUDA): the accumulation steps of one update are split between the processes
+    python -m infra.parallel --standalone --nproc_per_node=2 train.py ...  # the same, a failure one line (no
+                          # torchrun traceback) and its status
 
 Defaults are at the top; a config/*.py file and --key=value override them. The loop is the same for every arch:
 windows of text -> the objective makes a Batch (`batch_for`) -> `model(**batch.model_inputs())` -> loss. Each log
@@ -34,7 +36,7 @@ from infra.checkpoint import (CheckpointWriteFailed, check_resume, load_checkpoi
                               restore_training_state, rng_state)
 from infra.configurator import UserError, apply_overrides, check_compiler, run_main
 from infra.dataset import get_windows, load_dataset
-from infra.parallel import Processes, run_under_torchrun, under_torchrun
+from infra.parallel import Processes, peer_lost_line, run_under_torchrun, under_torchrun
 from infra.progress import Progress
 from infra.progress import format_duration
 from infra.run_control import RunControl, TrainingDiverged, is_cpu_recipe, loss_in_bits, out_of_memory_line
@@ -324,8 +326,8 @@ def train_reporting_errors(config, ddp):
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(1)
     except RuntimeError as e:  # torch.OutOfMemoryError is one too; the CPU allocator raises a plain RuntimeError
-        line = out_of_memory_line(e, config)
-        if line is None:
+        line = out_of_memory_line(e, config) or (ddp and peer_lost_line(e))  # (or a process of the job died)
+        if not line:
             raise
         print(f"train.py: error: {line}", file=sys.stderr)
         sys.exit(1)

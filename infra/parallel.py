@@ -5,6 +5,7 @@ diverged, one process's error) goes through `Processes`, so train.py's loop read
 (where every method below is trivial) or many.
 
     torchrun --standalone --nproc_per_node=2 train.py ...   # gloo on CPUs, NCCL on GPUs
+    python -m infra.parallel --standalone --nproc_per_node=2 train.py ...   # the same, ending as train.py ends
 """
 import os
 
@@ -125,11 +126,22 @@ class Processes:
         return result
 
 
+def peer_lost_line(error):
+    """One line for a collective that failed because another process of the job died (killed, or failed without
+    reaching the collective), else None: gloo raises a RuntimeError naming the closed connection."""
+    text = str(error)
+    if not any(cue in text for cue in ("Connection reset by peer", "Connection closed by peer", "Broken pipe")):
+        return None
+    return (f"process {os.environ.get('RANK', '?')}: another process of the job ended (the line about it says why); "
+            f"this one stops too, its last checkpoint kept")
+
+
 def run_under_torchrun(config, run):
     """One process of a torchrun job: join the process group, run(), and leave through os._exit whatever the
     ending, finished or failed: gloo's transport threads can be destroyed still running in the interpreter's C++
     teardown (SIGABRT, exit status 134; docs/reliability.md). run() must have closed its files by then."""
     import gc
+    import signal
     import sys
     import traceback
     from torch.distributed import destroy_process_group
@@ -142,6 +154,8 @@ def run_under_torchrun(config, run):
     except BaseException:  # not one of ours: show it, as Python would, then leave the same way
         traceback.print_exc()
         status = 1
+    for sig in (signal.SIGINT, signal.SIGTERM):  # asked to stop while leaving (torchrun stops the others when one
+        signal.signal(sig, lambda *_: os._exit(status))  # fails): leave now, with the status already decided
     gc.collect()  # the DDP wrapper holds the process group: free it while the interpreter is whole
     destroy_process_group()
     sys.stdout.flush()
@@ -183,3 +197,37 @@ def join_process_group(config, give_up_after=120.0):
             timer.cancel()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def launch(argv):
+    """torchrun itself (torch.distributed.run, the same arguments), ending the way train.py ends: when a process
+    fails, the command exits with that process's status after the one line it printed, instead of torchrun's
+    ChildFailedError traceback and failure table. A process killed by a signal gets a line here (exit 128 + signal).
+
+        python -m infra.parallel --standalone --nproc_per_node=2 train.py --gradient_accumulation_steps=2"""
+    import logging
+    import signal
+    import sys
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+    for name in list(logging.root.manager.loggerDict):  # its per-process failure lines (each logger has a level)
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    try:
+        run(parse_args(argv))
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()  # the root cause: the first process to end (the others were stopped)
+        if failure.exitcode > 0:
+            return failure.exitcode  # 2 usage, 1 failure, 130 stopped: that process has said why in one line
+        name = signal.Signals(-failure.exitcode).name
+        print(f"{os.path.basename(e.name)}: process {rank} was killed by {name}", file=sys.stderr)
+        return 128 - failure.exitcode
+    except SignalException:  # Ctrl-C or SIGTERM: torchrun has passed it on and waited for the processes, which
+        return 130  # saved what they finished and said so: stopped when asked, as train.py's own status says
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(launch(sys.argv[1:]))

@@ -133,13 +133,14 @@ def test_non_finite_loss_stops_without_writing(char_dataset, tmp_path):
     assert not os.path.exists(os.path.join(out, "ckpt.pt"))
 
 
+LAUNCH = [sys.executable, "-m", "infra.parallel", "--standalone", "--nproc_per_node=2", os.path.join(ROOT, "train.py")]
+
+
 def test_two_process_data_parallel_run(char_dataset, tmp_path):
     out = str(tmp_path / "ddp")
     args = tiny_args(char_dataset, out, max_iters=6, eval_interval=3, log_interval=1, gradient_accumulation_steps=2,
                      quiet=False)
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             os.path.join(ROOT, "train.py"), *args], capture_output=True, text=True, timeout=HANG_TIMEOUT,
-                            cwd=ROOT)
+    result = subprocess.run([*LAUNCH, *args], capture_output=True, text=True, timeout=HANG_TIMEOUT, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("iter 5:") == 1  # only rank 0 logs
     assert "parameters identical on all 2 processes: True" in result.stdout  # gradients were averaged
@@ -157,12 +158,58 @@ def test_two_process_data_parallel_run(char_dataset, tmp_path):
 def test_gradient_accumulation_must_divide_across_processes(char_dataset, tmp_path):
     out = str(tmp_path / "ddp")
     args = tiny_args(char_dataset, out, gradient_accumulation_steps=3)
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                             os.path.join(ROOT, "train.py"), *args], capture_output=True, text=True, timeout=HANG_TIMEOUT,
-                            cwd=ROOT)
-    assert result.returncode != 0 and "not divisible" in result.stderr and not os.path.exists(out)
+    result = subprocess.run([*LAUNCH, *args], capture_output=True, text=True, timeout=HANG_TIMEOUT, cwd=ROOT)
+    assert result.returncode == 2 and "not divisible" in result.stderr and not os.path.exists(out)
     assert "pass --gradient_accumulation_steps=4" in result.stderr  # says which value works
-    assert result.stderr.count("train.py: error:") == 1  # by rank 0 alone; torchrun's own failure report follows
+    assert result.stderr.count("train.py: error:") == 1  # by rank 0 alone
+    assert "Traceback" not in result.stderr and "ChildFailedError" not in result.stderr  # not torchrun's report
+    plain = subprocess.run([sys.executable, "-m", "torch.distributed.run", *LAUNCH[3:], *args], capture_output=True,
+                           text=True, timeout=HANG_TIMEOUT, cwd=ROOT)  # torchrun itself: the same line, then its own
+    assert plain.returncode == 1 and plain.stderr.count("train.py: error:") == 1 and "ChildFailedError" in plain.stderr
+
+
+def launched_process(launcher, rank):
+    """The pid of the training process of the given rank among the launcher's children."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+        except OSError:
+            continue
+        if parent == launcher and f"RANK={rank}".encode() in environ:
+            return int(pid)
+    raise AssertionError(f"no process of rank {rank} under {launcher}")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the launched processes through /proc")
+@pytest.mark.parametrize("ending", ["SIGTERM to the launcher", "SIGKILL to process 1"])
+def test_a_launched_job_stopped_or_losing_a_process_ends_in_one_line_each(char_dataset, tmp_path, ending):
+    """Stopping the launcher stops every process, a checkpoint saved, status 130; a process killed outright makes
+    its peer stop with one line (not gloo's traceback) and the launcher say which process died (128 + 9)."""
+    out = str(tmp_path / "ddp")
+    args = tiny_args(char_dataset, out, max_iters=100_000, lr_decay_iters=100_000, eval_interval=50, log_interval=1,
+                     gradient_accumulation_steps=2, quiet=False)
+    launcher = subprocess.Popen([*LAUNCH, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    for line in launcher.stdout:
+        if line.startswith("iter 60:"):  # past the first checkpoint (iteration 50)
+            break
+    if ending == "SIGTERM to the launcher":
+        launcher.send_signal(signal.SIGTERM)
+    else:
+        os.kill(launched_process(launcher.pid, 1), signal.SIGKILL)
+    stdout, stderr = launcher.communicate(timeout=HANG_TIMEOUT)
+    lines = [line for line in stderr.splitlines() if "torch/distributed/run.py" not in line]  # (its OMP note)
+    assert "Traceback" not in stderr and "ChildFailedError" not in stderr, stderr[-2000:]
+    if ending == "SIGTERM to the launcher":
+        assert launcher.returncode == 130 and "interrupted: saved" in stdout, stderr[-2000:]
+        assert checkpoint.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"] > 60
+    else:
+        assert launcher.returncode == 137, stderr[-2000:]
+        assert lines == ["train.py: error: process 0: another process of the job ended (the line about it says why); "
+                         "this one stops too, its last checkpoint kept", "train.py: process 1 was killed by SIGKILL"]
+        assert checkpoint.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"] >= 50
 
 
 # ----------------------------------------------------------------------------- round 2
