@@ -171,7 +171,7 @@ def bench_attention(device, size, repeats, results, compiled_rows=True):
                               device, repeats * 4)
         data[name] = {"ms": seconds * 1e3, "backend": which_backend(q, k, v, mask, is_causal)}
     if compiled_rows:
-        data.update(flex_attention_rows(device, q, k, v, T, repeats))
+        data.update(flex_attention_rows(device, q, k, v, T, repeats, quick=size["quick"]))
     fast = data["causal, is_causal=True (fast path)"]["ms"]
     for name, figures in data.items():
         timed = figures["ms"] == figures["ms"]  # not NaN
@@ -254,7 +254,7 @@ def bench_decoding(device, size, repeats, results, compiled_rows=True):
         text += compiled_decoding_section(sample.generate, decoding_floor, decoding_cost, device, size, repeats,
                                           results, models, prompt, new, autocast)
     return text + hugging_face_section(sample.generate, device, size, repeats, results, prompt, new, autocast,
-                                       compiled_rows)
+                                       compiled_rows and not size["quick"])  # --quick: 4c compiled this step
 
 
 def decoding_cost(model, average_context, encoder_length=0):

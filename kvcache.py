@@ -19,6 +19,8 @@ The samplers that use it (temperature, top-k, the sliding window, the uncached r
     python kvcache.py     # claim D4 in numbers: cached = recomputed for gpt, not for bert
 """
 import functools
+import warnings
+import weakref
 
 import torch
 
@@ -169,17 +171,47 @@ def decode_step(model, token, cache):
 
 # The same step compiled (generate(compiled=True), sample.py --compile=True). Where a small model's batch-1 step is
 # mostly Python and per-op overhead (dozens of small kernels per layer), compiling fuses the element-wise ops and
-# drops the Python around them, leaving the matmuls, i.e. reading the weights (how much that buys depends on the
-# CPU: docs/speed.md). No recompilation per token: dynamic=True compiles the cache length (and a batch size above 1)
-# as symbolic sizes, so one graph serves every position; batch 1 and the context's last position get graphs of
-# their own. The prefill stays eager: it runs once per generation. Compiled graphs are kept per code object, up to
-# torch._dynamo.config.recompile_limit (8) sets of guards: a process that decodes with several models in turn may
-# need torch._dynamo.reset() between them (bench.py).
+# drops the Python around them, leaving the matmuls, i.e. reading the weights. On a CPU the matmuls are Inductor's
+# own C++ GEMM kernels (max_autotune picks them where they time faster than the BLAS call; freezing lets them keep
+# the weights in their blocked layout): a batch-1 step then reads the weights about twice as fast as the BLAS does
+# on an AMD EPYC, at the price of a first call of about a minute (docs/speed.md). Frozen weights are constants of
+# the graph, so a model trained further must compile anew (refused, not silently stale). No recompilation per token:
+# dynamic=True compiles the cache length (and a batch size above 1) as symbolic sizes, so one graph serves every
+# position; batch 1 and the context's last position get graphs of their own. The prefill stays eager: it runs once
+# per generation. Compiled graphs are kept per code object, up to torch._dynamo.config.recompile_limit (8) sets of
+# guards: a process that decodes with several models in turn may need torch._dynamo.reset() between them (bench.py).
+FROZEN_MIN_WIDTH = 256  # narrower models stay in the CPU's caches: C++ GEMM kernels would not pay their compile
+
+
+def compiled_decode_step(model):
+    """decode_step through torch.compile for this model's device and width, built on first use: importing the
+    compiler costs ~1 s, which a script that never compiles should not pay."""
+    device = model.lm_head.weight.device.type
+    return compiled_step(device, device == "cpu" and model.config.n_embd >= FROZEN_MIN_WIDTH)
+
+
 @functools.cache
-def compiled_decode_step():
-    """decode_step through torch.compile, built on first use: importing the compiler costs ~1 s, which a script
-    that never compiles should not pay."""
-    return torch.compile(decode_step, dynamic=True)
+def compiled_step(device, frozen):
+    if not frozen:
+        return torch.compile(decode_step, dynamic=True)
+    from torch._inductor import config
+    warnings.filterwarnings("ignore", "TypedStorage is deprecated")  # the autotuner's own, once per process
+    step = torch.compile(decode_step, dynamic=True,
+                         options={"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
+                                  "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False})
+    frozen_weights = weakref.WeakKeyDictionary()  # model -> (its weights, their version counters when frozen)
+
+    def frozen_step(model, token, cache):
+        if model not in frozen_weights:
+            weights = list(model.parameters())  # (listed once: walking the modules costs ~90 us a step)
+            frozen_weights[model] = (weights, [p._version for p in weights])
+        weights, versions = frozen_weights[model]
+        if [p._version for p in weights] != versions:  # an in-place change (optimizer.step) counts
+            raise RuntimeError("the model's weights changed after its compiled decoding step froze them: call "
+                               "torch._dynamo.reset() and kvcache.compiled_step.cache_clear() to compile anew")
+        with config.patch(freezing=True):  # read while tracing: the weights become constants of the graph
+            return step(model, token, cache)
+    return frozen_step
 
 
 if __name__ == "__main__":  # claim D4 in numbers, on random weights, in a second

@@ -49,7 +49,8 @@ DEFAULTS = dict(
     order="confident",        # bert / diffusion: reveal the most confident positions first, the largest top-2
                               # margin (margin), or random ones
     block_length=0,           # bert / diffusion: > 0 = semi-autoregressive blocks left to right
-    compile=False,            # gpt / prefixlm / t5: torch.compile the one-token decoding step (bench.py 4c)
+    compile=False,            # gpt / prefixlm / t5: torch.compile the one-token decoding step (bench.py 4c; a CPU
+                              # compiles for about a minute, then reads the weights up to 2x faster: docs/speed.md)
 )
 
 
@@ -144,7 +145,7 @@ def generate(model, prompt, max_new_tokens, num_samples=1, temperature=1.0, top_
         return generate_uncached(model, prompt, max_new_tokens, num_samples, temperature, top_k, generator, banned,
                                  encoder_inputs, lengths, start_token, stop)
     model.eval()
-    one_position = kvcache.compiled_decode_step() if compiled else kvcache.decode_step
+    one_position = kvcache.compiled_decode_step(model) if compiled else kvcache.decode_step
     # the weights in the layout this CPU reads fastest (infra/decode_layout.py); a compiled step has its own
     layout = contextlib.nullcontext() if compiled else prepacked(model)
     with layout:
@@ -242,7 +243,8 @@ def read_prompt(start):
     return read_text_file(start[5:], "prompt file") if start.startswith("FILE:") else start
 
 
-COMPILED_NOTE = ", compiled decoding step (the time includes compiling it: seconds, once per process)"
+COMPILED_NOTE = (", compiled decoding step (the time includes compiling it once per process: seconds; on a CPU, about "
+                 "a minute for a model 256 wide or wider, whose matmuls are tuned)")
 
 
 def generate_left_to_right(model, ids, objective, specials, config, generator, stop):

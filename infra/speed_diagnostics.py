@@ -91,11 +91,11 @@ def against_hugging_face(generate, size, prompt, new, device, repeats, autocast=
 
 # ----------------------------------------------------------------------------- FlexAttention: masks as block masks
 
-def flex_attention_rows(device, q, k, v, T, repeats):
+def flex_attention_rows(device, q, k, v, T, repeats, quick=False):
     """FlexAttention (compiled; CUDA and, forward only, CPU): the masks as block masks, so that blocks a mask
     hides entirely are skipped rather than computed and thrown away. Each row is checked against SDPA with the
     same mask before it is timed. Whether the backward pass (training) runs is reported too (not on a CPU so far:
-    docs/speed.md)."""
+    docs/speed.md). quick: the causal block mask alone (each mask compiles for seconds)."""
     data = {}
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -110,6 +110,8 @@ def flex_attention_rows(device, q, k, v, T, repeats):
              "FlexAttention, causal within 4 documents": (
                  lambda b, h, i, j: (j <= i) & (document[i] == document[j]),
                  masks.causal_mask(T, device=device) & (document[:, None] == document[None, :]), False)}
+    if quick:
+        rules = {"FlexAttention, causal block mask": rules["FlexAttention, causal block mask"]}
 
     def cannot_run(e):  # needs a recent PyTorch (and Triton on CUDA); the first line of why, for the table
         detail = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
@@ -180,7 +182,7 @@ def profile_decoding(model, ids, device, autocast=nullcontext, compiled=True, st
     the weights prepacked as sample.py decodes (infra/decode_layout.py), and compiled: {case: figures}."""
     T = ids.size(1)
     modes = (("eager", kvcache.decode_step), ("eager, prepacked weights", kvcache.decode_step)) + \
-        ((("compiled", kvcache.compiled_decode_step()),) if compiled else ())
+        ((("compiled", kvcache.compiled_decode_step(model)),) if compiled else ())
     cases = [(batch, mode, step) for batch in (1, 32) for mode, step in modes]
     data = {}
     progress = Progress(f"[{label}] decoding", len(cases))
@@ -265,8 +267,8 @@ def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, s
     first generation's extra time is reported as compile time."""
     bandwidth, matmul_rate = results["ceilings"]["copy_bandwidth"], results["ceilings"]["matmul_flops"]
     cases = [("gpt", 1), ("gpt", 8), ("gpt", 32), ("prefixlm", 1), ("t5", 1)]
-    if size["quick"]:  # the rows run, the figures mean nothing
-        cases = [("gpt", 1), ("gpt", 8), ("t5", 1)]
+    if size["quick"]:  # the rows run, the figures mean nothing (batch > 1 compiles again: tests/test_kvcache.py)
+        cases = [("gpt", 1), ("t5", 1)]
     t5_inputs = prompt[:, :8]
     rows, data = [], {}
     progress = Progress("[bench] compiled decoding", len(MODES) * len(cases))
@@ -321,6 +323,7 @@ def profile_section(model, training_step, device, size, results, autocast, compi
     """bench.py's 6: where a step's time goes (what it showed: docs/speed.md): torch.profiler around 32 cached gpt
     decoding steps of `model` at the middle of the context, batch 1 and 32, and around 3 gpt training steps
     (`training_step()` -> (model, step, batch), bench.py's), eager and compiled; the operators by their own time."""
+    compiled_rows = compiled_rows and not size["quick"]  # --quick: sections 2 and 4c compiled these steps
     generator = torch.Generator(device=device).manual_seed(0)
     ids = torch.randint(0, 60, (1, size["block_size"]), device=device, generator=generator)
     data = {f"decoding, {case}": figures for case, figures in
