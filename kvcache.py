@@ -172,9 +172,10 @@ def decode_step(model, token, cache):
 # The same step compiled (generate(compiled=True), sample.py --compile=True). Where a small model's batch-1 step is
 # mostly Python and per-op overhead (dozens of small kernels per layer), compiling fuses the element-wise ops and
 # drops the Python around them, leaving the matmuls, i.e. reading the weights. On a CPU the matmuls are Inductor's
-# own C++ GEMM kernels (max_autotune picks them where they time faster than the BLAS call; freezing lets them keep
-# the weights in their blocked layout): a batch-1 step then reads the weights about twice as fast as the BLAS does
-# on an AMD EPYC, at the price of a first call of about a minute (docs/speed.md). Frozen weights are constants of
+# own C++ GEMM kernels (max_autotune with its C++ template alone: its timing runs with the weights in the caches,
+# where the BLAS call can look faster, which a step streaming them from memory is not; freezing lets the kernels
+# keep the weights in their blocked layout): a batch-1 step then reads the weights about twice as fast as the BLAS
+# does on an AMD EPYC, at the price of a first call of about a minute (docs/speed.md). Frozen weights are constants of
 # the graph, so a model trained further must compile anew (refused, not silently stale). No recompilation per token:
 # dynamic=True compiles the cache length (and a batch size above 1) as symbolic sizes, so one graph serves every
 # position; batch 1 and the context's last position get graphs of their own. The prefill stays eager: it runs once
@@ -197,8 +198,9 @@ def compiled_step(device, frozen):
     from torch._inductor import config
     warnings.filterwarnings("ignore", "TypedStorage is deprecated")  # the autotuner's own, once per process
     step = torch.compile(decode_step, dynamic=True,
-                         options={"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
-                                  "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False})
+                         options={"max_autotune": True, "max_autotune_gemm_backends": "CPP",  # (see above)
+                                  "autotune_fallback_to_aten": True, "autotune_num_choices_displayed": 0,
+                                  "max_autotune_report_choices_stats": False})
     frozen_weights = weakref.WeakKeyDictionary()  # model -> (its weights, their version counters when frozen)
 
     def frozen_step(model, token, cache):
