@@ -49,8 +49,8 @@ DEFAULTS = dict(
     order="confident",        # bert / diffusion: reveal the most confident positions first, the largest top-2
                               # margin (margin), or random ones
     block_length=0,           # bert / diffusion: > 0 = semi-autoregressive blocks left to right
-    compile=False,            # gpt / prefixlm / t5: torch.compile the one-token decoding step (bench.py 4c; a CPU
-                              # compiles for about a minute, then reads the weights up to 2x faster: docs/speed.md)
+    compile=False,            # gpt / prefixlm / t5: torch.compile the one-token decoding step (bench.py 4c; on a
+                              # CPU a 256-wide model compiles for 40-45 s, then decodes 2-3x faster: docs/speed.md)
 )
 
 
@@ -243,8 +243,8 @@ def read_prompt(start):
     return read_text_file(start[5:], "prompt file") if start.startswith("FILE:") else start
 
 
-COMPILED_NOTE = (", compiled decoding step (the time includes compiling it once per process: seconds; on a CPU, about "
-                 "a minute for a model 256 wide or wider, whose matmuls are tuned)")
+COMPILED_NOTE = (", compiled decoding step (the time includes compiling it once per process: seconds; on a CPU, "
+                 "40-45 s for a model 256 wide or wider, whose weights are frozen into tuned kernels)")
 
 
 def generate_left_to_right(model, ids, objective, specials, config, generator, stop):

@@ -132,8 +132,8 @@ def peer_lost_line(error):
     text = str(error)
     if not any(cue in text for cue in ("Connection reset by peer", "Connection closed by peer", "Broken pipe")):
         return None
-    return (f"process {os.environ.get('RANK', '?')}: another process of the job ended (the line about it says why); "
-            f"this one stops too, its last checkpoint kept")
+    return (f"process {os.environ.get('RANK', '?')}: another process of the job stopped answering (ended or was "
+            f"killed); this one stops too, its last checkpoint kept")
 
 
 def run_under_torchrun(config, run):
@@ -155,7 +155,7 @@ def run_under_torchrun(config, run):
         traceback.print_exc()
         status = 1
     for sig in (signal.SIGINT, signal.SIGTERM):  # asked to stop while leaving (torchrun stops the others when one
-        signal.signal(sig, lambda *_: os._exit(status))  # fails): leave now, with the status already decided
+        signal.signal(sig, lambda *_: os._exit(status))  # fails): no second message, the status already decided
     gc.collect()  # the DDP wrapper holds the process group: free it while the interpreter is whole
     destroy_process_group()
     sys.stdout.flush()
@@ -217,14 +217,18 @@ def launch(argv):
     try:
         run(parse_args(argv))
     except ChildFailedError as e:
-        rank, failure = e.get_first_failure()  # the root cause: the first process to end (the others were stopped)
+        # the root cause: a process killed outright (not by torchrun's SIGTERM to the others), else the first to
+        # end; the timestamps are whole seconds, so a killed process and its peer's reaction can tie
+        killed = [(r, f) for r, f in sorted(e.failures.items()) if f.exitcode < 0 and f.exitcode != -signal.SIGTERM]
+        rank, failure = killed[0] if killed else e.get_first_failure()
         if failure.exitcode > 0:
             return failure.exitcode  # 2 usage, 1 failure, 130 stopped: that process has said why in one line
         name = signal.Signals(-failure.exitcode).name
         print(f"{os.path.basename(e.name)}: process {rank} was killed by {name}", file=sys.stderr)
         return 128 - failure.exitcode
-    except SignalException:  # Ctrl-C or SIGTERM: torchrun has passed it on and waited for the processes, which
-        return 130  # saved what they finished and said so: stopped when asked, as train.py's own status says
+    except SignalException as e:  # torchrun has passed the signal on and waited for the processes (up to its
+        # --shutdown-timeout), which on Ctrl-C or SIGTERM save a checkpoint and say so: 130, as train.py's status
+        return 130 if e.sigval in (signal.SIGINT, signal.SIGTERM) else 128 + int(e.sigval)
     return 0
 
 

@@ -105,7 +105,8 @@ def test_compiled_decoding_equals_eager_decoding(arch):
         for _ in range(BLOCK - 7):
             token = torch.randint(0, 40, (2, 1), generator=g)
             eager = kvcache.decode_step(model, token, caches[0])
-            worst = max(worst, (kvcache.compiled_decode_step(model)(model, token, caches[1]) - eager).abs().max().item())
+            compiled = kvcache.compiled_decode_step(model)(model, token, caches[1])
+            worst = max(worst, (compiled - eager).abs().max().item())
     assert worst < COMPILED_TOL, worst
     kwargs = dict(encoder_inputs=encoder_inputs[:1], start_token=0) if arch == "t5" else {}
     eager = sample.generate(model, prompt[:1], 200, temperature=0, **kwargs)
@@ -297,31 +298,41 @@ def test_decoding_with_prepacked_weights_equals_the_plain_layout(arch):
     assert torch.equal(cached, sample.generate_uncached(model, start, 30, temperature=0, **extra))
 
 
-def test_the_frozen_compiled_step_of_a_wide_model_is_its_own_model_and_refuses_changed_weights():
+@pytest.mark.parametrize("arch", ["gpt", "t5"])
+def test_the_frozen_compiled_step_of_a_wide_model_is_its_own_model_and_refuses_changed_weights(arch):
     """At kvcache.FROZEN_MIN_WIDTH and above, the CPU's compiled step freezes the weights into Inductor's C++ GEMM
-    kernels: the same logits as eager (COMPILED_TOL) and the same greedy tokens; a second model of the same shape
-    gets its own weights' logits, not the first's; a weight changed in place after freezing is refused."""
+    kernels: the same logits as eager (COMPILED_TOL) and the same greedy tokens, at batch 1 (gpt) and 2 (t5, its
+    encoder's keys in the cache); a second model of the same shape gets its own weights' logits, not the first's;
+    weights changed in place or replaced after freezing are refused."""
     def wide(seed):
         torch.manual_seed(seed)
-        return Transformer(ModelConfig(arch="gpt", vocab_size=40, block_size=32, n_layer=1, n_head=2,
-                                       n_embd=kvcache.FROZEN_MIN_WIDTH)).eval()
+        layers = dict(n_layer=1, n_decoder_layer=1) if arch == "t5" else dict(n_layer=1)
+        return Transformer(ModelConfig(arch=arch, vocab_size=40, block_size=32, n_head=2,
+                                       n_embd=kvcache.FROZEN_MIN_WIDTH, **layers)).eval()
     first, second = wide(0), wide(1)
     torch._dynamo.reset()
+    kvcache.FROZEN_WEIGHTS.clear()
     torch._dynamo.utils.counters.clear()
-    prompt = torch.randint(0, 40, (1, 5), generator=torch.Generator().manual_seed(2))
-    step = kvcache.compiled_decode_step(first)
+    rows = 2 if arch == "t5" else 1
+    g = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, 40, (rows, 5), generator=g)
+    encoder_inputs = torch.randint(0, 40, (rows, 7), generator=g) if arch == "t5" else None
     with torch.inference_mode():
-        for model in (first, second, first):
-            caches = [kvcache.KVCache(model, 1, 32), kvcache.KVCache(model, 1, 32)]
+        for model in (first, second, first) if arch == "gpt" else (first,):
+            caches = [kvcache.KVCache(model, rows, 32), kvcache.KVCache(model, rows, 32)]
             for cache in caches:
-                kvcache.prefill(model, prompt, cache)
-            for token in torch.arange(8).view(-1, 1, 1):
-                eager, compiled = kvcache.decode_step(model, token, caches[0]), step(model, token, caches[1])
+                kvcache.prefill(model, prompt, cache, encoder_inputs=encoder_inputs)
+            for token in torch.arange(8).view(-1, 1, 1).expand(-1, rows, 1):
+                eager = kvcache.decode_step(model, token, caches[0])
+                compiled = kvcache.compiled_decode_step(model)(model, token, caches[1])
                 assert (compiled - eager).abs().max() < COMPILED_TOL
     assert torch._dynamo.utils.counters["inductor"]["cpp_templated_kernel_counter"] > 0  # Inductor's own GEMM
-    assert torch.equal(sample.generate(first, prompt, 20, temperature=0, compiled=True),
-                       sample.generate(first, prompt, 20, temperature=0))
+    kwargs = dict(encoder_inputs=encoder_inputs[:1], start_token=0, num_samples=2) if arch == "t5" else {}
+    assert torch.equal(sample.generate(first, prompt[:1], 20, temperature=0, compiled=True, **kwargs),
+                       sample.generate(first, prompt[:1], 20, temperature=0, **kwargs))
     with torch.no_grad():
-        first.lm_head.weight.mul_(2.0)  # as an optimizer step would: in place
-    with pytest.raises(RuntimeError, match="weights changed after"):
-        sample.generate(first, prompt, 2, temperature=0, compiled=True)
+        second.lm_head.weight.mul_(2.0)  # in place, as an optimizer step
+    first.lm_head.weight = torch.nn.Parameter(first.lm_head.weight.detach().clone())  # replaced
+    for model in (first, second) if arch == "gpt" else (first,):
+        with pytest.raises(RuntimeError, match="weights changed since"):
+            sample.generate(model, prompt[:1], 2, temperature=0, compiled=True, **kwargs)

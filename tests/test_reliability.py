@@ -163,9 +163,6 @@ def test_gradient_accumulation_must_divide_across_processes(char_dataset, tmp_pa
     assert "pass --gradient_accumulation_steps=4" in result.stderr  # says which value works
     assert result.stderr.count("train.py: error:") == 1  # by rank 0 alone
     assert "Traceback" not in result.stderr and "ChildFailedError" not in result.stderr  # not torchrun's report
-    plain = subprocess.run([sys.executable, "-m", "torch.distributed.run", *LAUNCH[3:], *args], capture_output=True,
-                           text=True, timeout=HANG_TIMEOUT, cwd=ROOT)  # torchrun itself: the same line, then its own
-    assert plain.returncode == 1 and plain.stderr.count("train.py: error:") == 1 and "ChildFailedError" in plain.stderr
 
 
 def launched_process(launcher, rank):
@@ -207,8 +204,9 @@ def test_a_launched_job_stopped_or_losing_a_process_ends_in_one_line_each(char_d
         assert checkpoint.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"] > 60
     else:
         assert launcher.returncode == 137, stderr[-2000:]
-        assert lines == ["train.py: error: process 0: another process of the job ended (the line about it says why); "
-                         "this one stops too, its last checkpoint kept", "train.py: process 1 was killed by SIGKILL"]
+        assert lines == ["train.py: error: process 0: another process of the job stopped answering (ended or was "
+                         "killed); this one stops too, its last checkpoint kept",
+                         "train.py: process 1 was killed by SIGKILL"]
         assert checkpoint.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"] >= 50
 
 
