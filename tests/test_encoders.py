@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import run_script
-from experiments import encoders
+from experiments import encoder_tasks, encoders
 from experiments.finetune import Backbone, hidden_states
 from model import ModelConfig, Transformer
 
@@ -140,14 +140,14 @@ def test_the_documents_and_the_rules_score_what_they_say():
     read the flag; a rule told the format finds every document."""
     rng = np.random.default_rng(0)
     lines = [f"line {w} of {v}" for w in ("one", "two", "six", "ten") for v in ("ham", "lear", "cor")]
-    docs = encoders.documents(lines, rng)
+    docs = encoder_tasks.documents(lines, rng)
     for i, doc in enumerate(docs):
         first, second, flag = doc.split("\n")
-        assert {first, second} == {lines[i], lines[(i + 1) % len(lines)]} and flag in encoders.FLAGS
-        assert (first, second)[encoders.FLAGS.index(flag)] == lines[i] == encoders.flagged_line(doc)
+        assert {first, second} == {lines[i], lines[(i + 1) % len(lines)]} and flag in encoder_tasks.FLAGS
+        assert (first, second)[encoder_tasks.FLAGS.index(flag)] == lines[i] == encoder_tasks.flagged_line(doc)
         moved = f"{flag}\n{first}\n{second}"
-        assert encoders.flagged_line(moved, "first") == lines[i]
-    sets = encoders.candidate_sets(len(lines), 5, 6, rng)
+        assert encoder_tasks.flagged_line(moved, "first") == lines[i]
+    sets = encoder_tasks.candidate_sets(len(lines), 5, 6, rng)
     assert (sets[:, 0] == np.arange(5)).all() and (sets[:, 1] == (np.arange(5) - 1) % len(lines)).all()
     assert all(len(set(row)) == 6 for row in sets)
     task = {"eval_lines": lines, "docs": docs, "candidate_sets": sets}
@@ -164,7 +164,7 @@ def test_agreement_and_split_windows_are_labelled_as_stated():
     text = ("Now is the winter of our discontent made glorious summer by this sun of York; and all the clouds "
             "that lour'd upon our house in the deep bosom of the ocean buried. ") * 20
     rng = np.random.default_rng(0)
-    examples, labels = encoders.agreement_examples(text, 20, 20, rng)
+    examples, labels = encoder_tasks.agreement_examples(text, 20, 20, rng)
     assert list(labels) == [0, 1] * 10
     for example, label in zip(examples, labels):
         a, b = example.split("\n")
@@ -173,9 +173,9 @@ def test_agreement_and_split_windows_are_labelled_as_stated():
             old = [w for w in re.finditer(r"[A-Za-z]+", a) if b[w.start():w.end()] != w.group()]
             assert len(old) == 1 and 0 < old[0].start() and old[0].end() < 20, (a, b)
             new = b[old[0].start():old[0].end()]
-            assert new.isalpha() and encoders.word_shape(new) == encoders.word_shape(old[0].group())
+            assert new.isalpha() and encoder_tasks.word_shape(new) == encoder_tasks.word_shape(old[0].group())
             assert b[:old[0].start()] == a[:old[0].start()] and b[old[0].end():] == a[old[0].end():]
-    windows, labels = encoders.split_windows(text.replace("Now", "nOw"), 10, 8, rng)
+    windows, labels = encoder_tasks.split_windows(text.replace("Now", "nOw"), 10, 8, rng)
     for k in range(0, 10, 2):  # each first half twice, the label decided by the second half
         assert windows[k][:8] == windows[k + 1][:8] and list(labels[k:k + 2]) == [1, 0]
         assert any(c.isupper() for c in windows[k][8:]) and not any(c.isupper() for c in windows[k + 1][8:])
@@ -185,7 +185,7 @@ def test_agreement_and_split_windows_are_labelled_as_stated():
 def quick_task(char_dataset):
     from experiments.tasks import read_texts
     texts = read_texts(char_dataset)
-    return texts, encoders.make_tasks(texts, encoders.SCALES["quick"], 1337)
+    return texts, encoder_tasks.make_tasks(texts, encoders.SCALES["quick"], 1337)
 
 
 def test_the_flag_first_part_reads_the_same_documents_flag_first(quick_task, monkeypatch):
@@ -194,7 +194,7 @@ def test_the_flag_first_part_reads_the_same_documents_flag_first(quick_task, mon
     _, task = quick_task
     for doc, moved, line in zip(task["docs"], task["docs_flag_first"], task["eval_lines"]):
         first, second, flag = doc.split("\n")
-        assert moved == f"{flag}\n{first}\n{second}" and encoders.flagged_line(moved, "first") == line
+        assert moved == f"{flag}\n{first}\n{second}" and encoder_tasks.flagged_line(moved, "first") == line
     read = []
     real = encoders.embed
 
@@ -206,7 +206,7 @@ def test_the_flag_first_part_reads_the_same_documents_flag_first(quick_task, mon
     s = dict(encoders.SCALES["quick"], steps=2)
     encoders.biencoder_cell(tiny_backbone("gpt"), "mean", task, s, 0, False, "first")
     documents = [t for t in read if t.count("\n") == 2]
-    assert documents and all(t.split("\n")[0] in encoders.FLAGS for t in documents)
+    assert documents and all(t.split("\n")[0] in encoder_tasks.FLAGS for t in documents)
     assert set(task["docs_flag_first"]) <= set(documents) and not set(task["docs"]) & set(documents)
 
 
