@@ -254,7 +254,7 @@ def bench_decoding(device, size, repeats, results, compiled_rows=True):
         text += compiled_decoding_section(sample.generate, decoding_floor, decoding_cost, device, size, repeats,
                                           results, models, prompt, new, autocast)
     return text + hugging_face_section(sample.generate, device, size, repeats, results, prompt, new, autocast,
-                                       compiled_rows and not size["quick"])  # --quick: 4c compiled this step
+                                       compiled_rows)
 
 
 def decoding_cost(model, average_context, encoder_length=0):

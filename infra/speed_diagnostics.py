@@ -239,6 +239,7 @@ def hugging_face_section(generate, device, size, repeats, results, prompt, new, 
     """bench.py's 4d: our cached greedy decoding (`generate`, sample.py's) against Hugging Face transformers'
     `generate` on the same GPT-2-layout model (their random weights loaded into our modules), batch 1. The two
     must write the same tokens (greedy), else the row says so. Skipped where transformers is not installed."""
+    compiled_rows = compiled_rows and not size["quick"]  # --quick: 4c compiled this step
     data = against_hugging_face(generate, size, prompt, new, device, max(1, repeats // 2), autocast, compiled_rows)
     if data is None:
         text = "\n### 4d. Against Hugging Face transformers: skipped (not installed; pip install transformers)\n"
