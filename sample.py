@@ -28,7 +28,7 @@ from infra.checkpoint import load_model
 from infra.configurator import UserError, apply_overrides, check_compiler, pick_device, read_text_file, run_main
 from infra.decode_layout import prepacked
 from infra.pretrained import tokenizer_for
-from infra.progress import StopSignals
+from infra.progress import StopSignalsWithProgress
 import kvcache
 from model import ATTENTION_OF_ARCH
 from objectives import Specials
@@ -380,7 +380,9 @@ def main():
     num_samples, max_new_tokens = config["num_samples"], config["max_new_tokens"]
 
     t0 = time.perf_counter()
-    with StopSignals("stopping: printing what was generated so far") as stop:
+    steps = config["steps"] if arch == "bert" else max_new_tokens  # (a line every 5 s says how far it is)
+    what = "unmasking passes" if arch == "bert" else f"tokens of {num_samples} sample(s)"
+    with StopSignalsWithProgress("stopping: printing what was generated so far", what, steps) as stop:
         if arch == "bert":
             new_tokens, how, passes = generate_by_unmasking(model, ids, specials, config, generator, stop)
         else:
@@ -398,6 +400,11 @@ def main():
     made = len(new_tokens[0]) if arch != "bert" else max_new_tokens
     print(f"{arch} ({objective}): {num_samples} x {made} tokens in {seconds:.2f} s = "
           f"{num_samples * made / seconds:,.1f} tokens/s; {how}; {passes} forward passes per sample")
+    if arch == "bert" and objective == "mlm":  # claims A3, C4: no next-token exit, conditionals that need not agree
+        print("note: expect near-noise text from an MLM at this size: trained with 15% of a window masked, it now "
+              "reads a window whose new part is all [MASK], and each pass fills several positions from separate "
+              "per-position guesses that need not agree (masked diffusion trains on every masking rate: "
+              "--objective=diffusion; docs/chapter.md, question 6)")
     if stop and arch == "bert":
         print(f"interrupted after {passes} passes: the [MASK]s shown were not filled")
     elif stop:

@@ -313,7 +313,8 @@ def train(config):
     run.say_how_it_ended(iter_num)
     return {"model": setup.raw_model, "iter_num": iter_num, "val_loss": run.last_losses.get("val"),
             "train_loss": run.last_losses.get("train"), "flops": run.flops_done, "tokens_seen": run.tokens_seen,
-            "supervised_seen": run.supervised_seen, "interrupted": run.stopped, "meta": setup.meta}
+            "supervised_seen": run.supervised_seen, "interrupted": run.stopped, "meta": setup.meta,
+            "out_dir": config["out_dir"]}  # its log.jsonl holds every evaluation
 
 
 def train_reporting_errors(config, ddp):

@@ -5,8 +5,9 @@ The checks of the exercises (exercises/README.md): each tests what the change mu
     python exercises/check.py 1 2 3      # several, one line each; exit 0 only if all are solved
 
 A check fails on the untouched tree (the feature is missing) and passes for any correct solution: it compares
-against an explicit reference computation, an invariant, or a measured effect with a wide margin. Each runs in
-seconds on a CPU (tiny models, no downloads).
+against an explicit reference computation, an invariant, or a measured effect with a wide margin. Most run in
+seconds on a CPU (tiny models, no downloads); a check that trains a model (5's, for one) takes up to a minute or
+two on a busy laptop, says so when it starts and prints its progress every 10 seconds.
 """
 import contextlib
 import copy
@@ -195,6 +196,8 @@ def check_5():
     import objectives
     import train
     expect("rclm" in objectives.OBJECTIVES_FOR_ARCH.get("gpt", ()), "gpt has no \"rclm\" objective yet")
+    expect("rclm" in objectives.BATCH_MAKERS, "\"rclm\" is an objective of gpt but objectives.BATCH_MAKERS has no "
+                                              "function that makes its batch yet")
     windows = torch.arange(24).view(2, 12)
     batch = objectives.batch_for({"objective": "rclm", "arch": "gpt"}, windows, None, torch.Generator())
     backwards = windows.flip(1)
@@ -208,6 +211,8 @@ def check_5():
                                  "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=8", "--max_iters=100",
                                  "--lr_decay_iters=100", "--eval_interval=50", "--eval_iters=4", "--device=cpu",
                                  "--dropout=0.0", "--quiet=True", "--learning_rate=1e-2")
+        print("exercise 5: training a tiny gpt on rclm for 100 iterations (about a minute on a busy laptop)",
+              flush=True)
         result = train.train(config)
     counts = torch.bincount(torch.tensor([ord(c) for c in text])).float()
     entropy = -(counts[counts > 0] / counts.sum() * torch.log(counts[counts > 0] / counts.sum())).sum().item()

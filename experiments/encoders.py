@@ -62,6 +62,7 @@ from experiments.tasks import classification_scores, ngram_features, read_texts,
 from infra.configurator import QUICK_NOTE, UserError, output_folder, run_main
 from infra.progress import StopSignals, check_writable, format_duration
 from infra.timing import median_time
+from infra.plots import pyplot
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/structural",
                 study_dir="results/study",  # where experiments/study.py and finetune.py keep their checkpoints
@@ -481,11 +482,8 @@ def report(data, s, scale):
 
 
 def plot(data, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     readers = [f"{name} ({how})" for name, how in BI_READERS]

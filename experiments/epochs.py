@@ -54,6 +54,7 @@ from infra.timing import machine_name
 from experiments.equal_compute import resolve_experiment
 from experiments.study import character_frequency_bits, second_half_bits
 from experiments.study_report import mean_std
+from infra.plots import pyplot
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/study",
                 seed=1337, fresh=False, quiet=True)  # quiet=False: the training log lines of every run too
@@ -223,11 +224,8 @@ def report(data, s, scale):
 
 def plot(table, best, data, path):
     """Held-out bits/char against epochs (log x), one line per objective, the best epoch marked."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     fig, axis = plt.subplots(figsize=(7, 4.5))
     for name, curve in table.items():

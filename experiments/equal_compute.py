@@ -359,14 +359,15 @@ def stop_when_gone(sentinel):
 
 def equal_flops_config(model, fraction, s, dataset, checkpoints, device, meta, seed, quiet, budget):
     """train.py's config for one (name, arch, objective, extra settings) of train_all: the shape of scale s (t5 splits
-    its layers), `fraction` of the FLOPs budget, and a learning rate that decays over the model's own share of it
-    (its own iteration count). What a study run trains with is this, and nothing else."""
+    its layers; s["position"], learned when not given, is its position encoding), `fraction` of the FLOPs budget,
+    and a learning rate that decays over the model's own share of it (its own iteration count). What a study run
+    trains with is this, and nothing else."""
     name, arch, objective, extra = model
     layers = dict(n_layer=s["n_layer"] // 2 or 1, n_decoder_layer=s["n_layer"] // 2 or 1) if arch == "t5" else {}
     iterations = max(1, round(fraction * s["gpt_iters"]))
     args = dict(arch=arch, objective=objective, dataset=dataset, device=device, out_dir=f"{checkpoints}-{name}",
                 n_layer=s["n_layer"], n_head=s["n_head"], n_embd=s["n_embd"], block_size=s["block_size"],
-                batch_size=s["batch_size"], dropout=0.0, bias=False, max_iters=10 ** 9,
+                position=s.get("position", "learned"), batch_size=s["batch_size"], dropout=0.0, bias=False, max_iters=10 ** 9,
                 max_flops=float(fraction * budget), lr_decay_iters=iterations, warmup_iters=min(100, iterations // 10),
                 learning_rate=1e-3, min_lr=1e-4, beta2=0.99, eval_interval=10 ** 9, eval_iters=20,
                 log_interval=10 ** 9, seed=seed, quiet=quiet, overwrite=True)
@@ -388,5 +389,5 @@ def estimate_step_flops(config, s, meta):
     """FLOPs of one training step, from a batch the objective really produces (t5's lengths depend on it)."""
     model = Transformer(model_config(config, vocab_size=meta["vocab_size"]))
     specials = objectives.Specials.from_meta(meta)
-    windows = torch.randint(0, specials.num_ordinary, (s["batch_size"], s["block_size"] + 1))
+    windows = torch.randint(0, specials.num_ordinary, (config["batch_size"], config["block_size"] + 1))
     return model.training_flops(objectives.batch_for(config, windows, specials, torch.Generator().manual_seed(0)))

@@ -44,6 +44,7 @@ from infra.progress import StopSignals, check_writable, format_duration, write_a
 from experiments.equal_compute import check_jobs, flops_budget, machine_line, train_all
 from experiments.study_report import mean_std
 from experiments.tasks import CANDIDATES, TASKS, baselines, classification_scores, make_task, read_texts, retrieval_scores
+from infra.plots import pyplot
 
 DEFAULTS = dict(
     init_from="",            # a train.py out_dir (its ckpt.pt), or a published name / save_pretrained folder
@@ -440,11 +441,8 @@ def study_report(data, scale):
 
 
 def study_plot(data, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     readers = [f"{name} ({pooling})" for name, pooling in READERS]
     fig, axes = plt.subplots(1, len(TASKS), figsize=(15, 4.5))

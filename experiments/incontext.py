@@ -42,6 +42,7 @@ from data.prepare_common import write_dataset
 from infra.dataset import load_dataset
 from infra.progress import format_duration, format_flops, write_atomically
 from experiments.equal_compute import machine_line, resolve_experiment, train_and_evaluate_seeds
+from infra.plots import pyplot
 
 KEYS, VALUES = "abcdefgh", "ABCDEFGH"
 MAX_DEMONSTRATIONS = 16
@@ -220,11 +221,8 @@ def summarise(runs, s, budget, seconds, scale, machine):
 
 
 def plot(runs, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in runs[0]["models"]:

@@ -62,23 +62,28 @@ DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_ch
                 reuse=False,  # True: load runs finished earlier with the same settings instead of retraining them
                 jobs=1)  # how many runs train at once (processes, one per core)
 
+# Every scale: rotary positions for every model (experiments/plateau.py: with learned positions a bidirectional
+# stack is blind to order until its position table has learned, and bert and diffusion sat on the
+# character-frequency plateau for most of the budget; the causal mask gives gpt order for free, claim D5).
+# learning_rates: the grid every model starts from; a model whose kept rate (lowest mean validation loss over the
+# seeds) is at an edge of its grid gets the next rate beyond it (x or / rate_step), up to rate_extensions times.
 SCALES = {  # model size and the FLOPs budget, expressed as gpt iterations
     "cpu": dict(n_layer=4, n_head=4, n_embd=128, block_size=64, batch_size=12, gpt_iters=2000, eval_windows=64,
-                bayes_windows=24, nope_steps=1500, eval_iters=20,
-                seeds=3, learning_rates=(5e-4, 1.4e-3, 4e-3), budget_fractions=(0.25, 0.5), ablation_budget=2,
-                ablation_learning_rate=5e-4,
+                bayes_windows=24, nope_steps=1500, eval_iters=20, position="rope",
+                seeds=3, learning_rates=(1e-3, 2e-3, 4e-3), rate_step=2, rate_extensions=3,
+                budget_fractions=(0.25, 0.5), ablation_budget=2,
                 small_head=dict(n_layer=2, n_head=4, n_embd=32, block_size=256, batch_size=8, gpt_iters=1500,
                                 eval_iters=5)),
     "gpu": dict(n_layer=6, n_head=6, n_embd=384, block_size=256, batch_size=64, gpt_iters=5000, eval_windows=256,
-                bayes_windows=32, nope_steps=3000, eval_iters=100,
-                seeds=3, learning_rates=(3e-4, 1e-3, 3e-3), budget_fractions=(0.25, 0.5), ablation_budget=2,
-                ablation_learning_rate=3e-4,
+                bayes_windows=32, nope_steps=3000, eval_iters=100, position="rope",
+                seeds=3, learning_rates=(3e-4, 1e-3, 3e-3), rate_step=3, rate_extensions=2,
+                budget_fractions=(0.25, 0.5), ablation_budget=2,
                 small_head=dict(n_layer=4, n_head=8, n_embd=64, block_size=1024, batch_size=16, gpt_iters=2000,
                                 eval_iters=20)),
     "quick": dict(n_layer=1, n_head=2, n_embd=32, block_size=32, batch_size=4, gpt_iters=15, eval_windows=4,
-                  bayes_windows=2, nope_steps=10, eval_iters=2,
-                  seeds=2, learning_rates=(1e-3, 2e-3), budget_fractions=(0.5,), ablation_budget=1.5,
-                  ablation_learning_rate=1e-3,
+                  bayes_windows=2, nope_steps=10, eval_iters=2, position="rope",
+                  seeds=2, learning_rates=(1e-3, 2e-3), rate_step=2, rate_extensions=1,
+                  budget_fractions=(0.5,), ablation_budget=1.5,
                   small_head=dict(n_layer=1, n_head=2, n_embd=8, block_size=64, batch_size=2, gpt_iters=5,
                                   eval_iters=2)),
 }
@@ -208,6 +213,27 @@ def unigram_reference(train_path, windows, blanks, num_ordinary):
     most_frequent = int(character_counts(train_path, num_ordinary).argmax())
     cloze = (windows.gather(1, blanks) == most_frequent).float().mean().item()
     return {"bits_per_char": character_frequency_bits(train_path, windows, num_ordinary), "cloze": cloze}
+
+
+PLATEAU_MARGIN = 0.3  # nats: how far under character frequencies a run's own validation loss must end
+
+
+def plateau_control(train_path, val_path, num_ordinary):
+    """The positive control every run must pass before it is compared: a model that has learned nothing but the
+    alphabet predicts each character from its frequency, which costs the cross-entropy of the validation text
+    under the training text's character frequencies (add-one smoothed), in nats per character. A run is past the
+    plateau when its own validation loss is at least PLATEAU_MARGIN under that (past_plateau)."""
+    counts = character_counts(train_path, num_ordinary)
+    log_p = np.log((counts + 1) / (counts + 1).sum())
+    val = np.memmap(val_path, dtype=np.uint16, mode="r")
+    reference = float(-log_p[val[val < num_ordinary]].mean())
+    return {"character_frequencies_nats": reference, "margin": PLATEAU_MARGIN,
+            "threshold": reference - PLATEAU_MARGIN}
+
+
+def past_plateau(val_loss, control):
+    """Did a run learn more than character frequencies? (a diverged run, val_loss None, did not)"""
+    return val_loss is not None and val_loss <= control["threshold"]
 
 
 # ----------------------------------------------------------------------------- claim C2: the ablation
@@ -384,6 +410,64 @@ def study_run(model, learning_rate, seed, out_dir, fraction=1.0):
                                          out_dir=out_dir, budget_fraction=fraction))
 
 
+def evaluation_windows(splits, s, seed, device):
+    """The held-out windows every model is scored on, and the cloze blanks in them (15% of each window's
+    positions after the first). Returns (windows (N, T), blanks (N, k), the generator that drew them)."""
+    rng = np.random.default_rng(seed + 7)
+    # block_size - 1 characters: room for the EOS that t5 expects after its input. The same windows for every
+    # seed: the +- over seeds is the training run's spread, not the choice of evaluation text
+    windows = get_windows(splits["val"], s["eval_windows"], s["block_size"] - 2, rng).to(device)
+    N, T = windows.shape
+    k = max(1, round(0.15 * (T - 1)))
+    blanks = torch.stack([torch.randperm(T - 1, generator=torch.Generator().manual_seed(i))[:k] + 1
+                          for i in range(N)]).sort(dim=1).values.to(device)
+    return windows, blanks, rng
+
+
+def mean_loss(results, name, rate, seeds):
+    """The sweep's score of a rate: the mean validation loss over the seeds (inf if any seed diverged)."""
+    losses = [results[(name, rate, seed)]["val_loss"] for seed in seeds]
+    return math.inf if None in losses else float(np.mean(losses))
+
+
+def next_rates(grids, chosen, step):
+    """Where a model's kept rate is the lowest or highest of its grid, the rate one step beyond it (the best rate
+    may lie outside). Returns {name: [the new rate]} for those models only."""
+    beyond = {}
+    for name, rate in chosen.items():
+        grid = sorted(grids[name])
+        if rate == grid[0]:
+            beyond[name] = [grid[0] / step]
+        elif rate == grid[-1]:
+            beyond[name] = [grid[-1] * step]
+    return beyond
+
+
+def rate_sweep(compared, s, seeds, folder, config, device, meta):
+    """Every model at every rate of its grid, every seed, at the full budget; the kept rate has the lowest mean
+    validation loss over the seeds (the same effort for every model), and a grid whose kept rate is at its edge
+    grows one rate beyond it (next_rates), up to s["rate_extensions"] times. Returns (grids, {(name, rate, seed):
+    summary}, chosen), or None when interrupted."""
+    grids = {m[0]: sorted(s["learning_rates"]) for m in compared}
+    results, new = {}, dict(grids)
+    for round_number in range(s["rate_extensions"] + 1):
+        runs = {(m[0], lr, seed): study_run(m, lr, seed, f"{folder}-lr{lr:g}-seed{seed}-{m[0]}")
+                for m in compared for lr in new.get(m[0], []) for seed in seeds}
+        if round_number:
+            print(f"[study] kept rates at the edge of their grid: " + ", ".join(
+                f"{name} gets {lr[0]:g}" for name, lr in new.items()), flush=True)
+        trained = train_runs(runs, s, config, device, meta, divergence_is_a_result=True)
+        if trained is None:
+            return None
+        results.update(trained)
+        chosen = {name: min(grid, key=lambda lr: mean_loss(results, name, lr, seeds)) for name, grid in grids.items()}
+        new = next_rates(grids, chosen, s["rate_step"])
+        if not new or round_number == s["rate_extensions"]:
+            return grids, results, chosen
+        for name, rates in new.items():
+            grids[name] = sorted(grids[name] + rates)
+
+
 def train_runs(runs, s, config, device, meta, divergence_is_a_result=False):
     """train_all over {key: study_run(...)}; returns {key: summary}, or None when interrupted."""
     trained, _ = train_all(list(runs.values()), s, config["dataset"], "", device, meta, config["seed"],
@@ -400,52 +484,51 @@ def main():
     splits, meta = load_dataset(config["dataset"], s["block_size"], prepare_if_missing=True)
     folder = os.path.join(config["out_dir"], "checkpoints", scale)
     seeds = [config["seed"] + i for i in range(s["seeds"])]
-    rates, fractions, ablation_share = s["learning_rates"], s["budget_fractions"], s["ablation_budget"]
-    ablation_rate = s["ablation_learning_rate"]
+    fractions, ablation_share = s["budget_fractions"], s["ablation_budget"]
     if 1 in fractions or ablation_share in fractions:
         raise UserError(f"SCALES['{scale}']: budget_fractions must leave out 1 (the main runs) and ablation_budget")
     by_name = {model[0]: model for model in MODELS}
     compared = [model for model in MODELS if model[0] != "bert-100%-mask"]  # the ablation is measured apart (C2)
     budget = flops_budget(s, meta)
     print(f"[study] 1/3 learning-rate sweep at equal FLOPs ({format_flops(budget)} each): {len(compared)} models x "
-          f"rates {', '.join(f'{r:g}' for r in rates)}, seed {seeds[0]}; each keeps the rate of lowest validation "
-          f"loss on its own objective", flush=True)
-    sweep = train_runs({(m[0], lr): study_run(m, lr, seeds[0], f"{folder}-lr{lr:g}-{m[0]}") for m in compared
-                        for lr in rates}, s, config, device, meta, divergence_is_a_result=True)
-    if sweep is None:
+          f"rates {', '.join(f'{r:g}' for r in s['learning_rates'])} x seeds {', '.join(map(str, seeds))}; each "
+          f"keeps the rate of lowest mean validation loss on its own objective, a rate at the grid's edge gets the "
+          f"next one beyond it", flush=True)
+    swept = rate_sweep(compared, s, seeds, folder, config, device, meta)
+    if swept is None:
         return
-    loss = lambda name, lr: sweep[(name, lr)]["val_loss"] or math.inf  # noqa: E731 (None: diverged)
-    chosen = {m[0]: min(rates, key=lambda lr: loss(m[0], lr)) for m in compared}
-    if any(loss(name, lr) == math.inf for name, lr in chosen.items()):
-        failed = [name for name, lr in chosen.items() if loss(name, lr) == math.inf]
-        raise UserError(f"every learning rate diverged for {', '.join(failed)}; lower SCALES['{scale}']"
-                        f"['learning_rates'] in study.py")
+    grids, sweep, chosen = swept
+    failed = [name for name, lr in chosen.items() if mean_loss(sweep, name, lr, seeds) == math.inf]
+    if failed:
+        raise UserError(f"every learning rate diverged on some seed for {', '.join(failed)}; lower "
+                        f"SCALES['{scale}']['learning_rates'] in study.py")
     print("[study] learning rates chosen: " + ", ".join(f"{name} {lr:g}" for name, lr in chosen.items()), flush=True)
+    ablation_rate = chosen["bert"]  # claim C2: both maskings at bert's kept rate, the masking the only difference
     runs = {}
-    for seed in seeds:
-        if seed != seeds[0]:  # the first seed's runs at the chosen rates are the sweep's
-            for model in compared:
-                runs[(model[0], seed)] = study_run(model, chosen[model[0]], seed, f"{folder}-seed{seed}-{model[0]}")
+    for seed in seeds:  # every seed's run at the chosen rate is the sweep's
         for name in BUDGET_MODELS:
             for fraction in fractions:  # claim C4's gap against compute: does it shrink with the budget?
                 runs[(name, fraction, seed)] = study_run(by_name[name], chosen[name], seed,
                                                          f"{folder}-budget{fraction:g}-seed{seed}-{name}", fraction)
-        for name in ("bert", "bert-100%-mask"):  # claim C2 where both have left the MLM plateau, at one rate
+        for name in ("bert", "bert-100%-mask"):
             runs[(name, "ablation", seed)] = study_run(by_name[name], ablation_rate, seed, f"{folder}-ablation"
-                                                       f"{ablation_share:g}-seed{seed}-{name}", ablation_share)
-    print(f"[study] 2/3 every model at its rate, seeds {', '.join(map(str, seeds))}; {', '.join(BUDGET_MODELS)} at "
-          f"{', '.join(f'{f:g}' for f in fractions)} of the budget; bert and bert-100%-mask at {ablation_share:g} x "
-          f"the budget (claim C2): {len(runs)} runs", flush=True)
+                                                       f"{ablation_share:g}-lr{ablation_rate:g}-seed{seed}-{name}",
+                                                       ablation_share)
+    print(f"[study] 2/3 {', '.join(BUDGET_MODELS)} at {', '.join(f'{f:g}' for f in fractions)} of the budget; bert "
+          f"and bert-100%-mask at {ablation_share:g} x the budget and bert's rate (claim C2): {len(runs)} runs",
+          flush=True)
     trained = train_runs(runs, s, config, device, meta)
     if trained is None:
         return
-    for m in compared:  # the first seed's run at the chosen rate: the checkpoint finetune.py --study reads
-        source, target = f"{folder}-lr{chosen[m[0]]:g}-{m[0]}", f"{folder}-{m[0]}"
-        shutil.rmtree(target + ".partial", ignore_errors=True)
-        shutil.copytree(source, target + ".partial")  # whole, then in place: a stop never leaves half a checkpoint
-        shutil.rmtree(target, ignore_errors=True)
-        os.replace(target + ".partial", target)
-        trained[(m[0], seeds[0])] = sweep[(m[0], chosen[m[0]])]
+    for m in compared:  # each seed's run at the chosen rate, where finetune.py --study and the others read it
+        for seed in seeds:
+            trained[(m[0], seed)] = sweep[(m[0], chosen[m[0]], seed)]
+            source = f"{folder}-lr{chosen[m[0]]:g}-seed{seed}-{m[0]}"
+            target = f"{folder}-{m[0]}" if seed == seeds[0] else f"{folder}-seed{seed}-{m[0]}"
+            shutil.rmtree(target + ".partial", ignore_errors=True)
+            shutil.copytree(source, target + ".partial")  # whole, then in place: a stop never leaves half of one
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(target + ".partial", target)
     small = s["small_head"]  # claim D3's bottleneck: a head's logits q k^T have rank <= head size, so it can only
     # bite when the head size is well below T (above: 32 vs 63). gpt and bert again, small heads, long windows
     print(f"[study] 3/3 attention rank at head size {small['n_embd'] // small['n_head']}, T = {small['block_size'] - 1} "
@@ -458,16 +541,12 @@ def main():
 
     specials = objectives.Specials.from_meta(meta)
     V = specials.num_ordinary
-    rng = np.random.default_rng(config["seed"] + 7)
-    # block_size - 1 characters: room for the EOS that t5 expects after its input. The same windows for every
-    # seed: the +- over seeds is the training run's spread, not the choice of evaluation text
-    windows = get_windows(splits["val"], s["eval_windows"], s["block_size"] - 2, rng).to(device)
+    windows, blanks, rng = evaluation_windows(splits, s, config["seed"], device)
     N, T = windows.shape
-    k = max(1, round(0.15 * (T - 1)))
-    blanks = torch.stack([torch.randperm(T - 1, generator=torch.Generator().manual_seed(i))[:k] + 1
-                          for i in range(N)]).sort(dim=1).values.to(device)
-    data = {"scale": scale, "device": device, "machine": machine_line(device, config), "budget_flops": budget, "seeds": seeds, "learning_rates": list(rates),
-            "chosen_learning_rate": chosen, "budget_fractions": list(fractions), "ablation_budget": ablation_share,
+    control = plateau_control(splits["train"], splits["val"], V)
+    data = {"scale": scale, "device": device, "machine": machine_line(device, config), "budget_flops": budget,
+            "seeds": seeds, "position": s.get("position", "learned"), "learning_rates": grids,
+            "chosen_learning_rate": chosen, "plateau_control": control, "budget_fractions": list(fractions), "ablation_budget": ablation_share,
             "ablation_learning_rate": ablation_rate,
             "models": {m[0]: {"arch": m[1], "objective": m[2], "learning_rate": chosen[m[0]], "seeds": []}
                        for m in compared}}
@@ -482,7 +561,7 @@ def main():
         return {"seed": seed, "parameters": model.num_parameters(), "iterations": result["iter_num"],
                 "flops": result["flops"], "seconds": result["seconds"], "supervised_seen": result["supervised_seen"],
                 "tokens_seen": result["tokens_seen"], "val_loss": result["val_loss"],
-                "second_half_bits_per_char": bits,
+                "past_plateau": past_plateau(result["val_loss"], control), "second_half_bits_per_char": bits,
                 "cloze": cloze_accuracy(name, model, windows, blanks, specials, s["bayes_windows"]), **extra}
 
     try:  # Ctrl-C or SIGTERM: what was measured is written, and the message names what was not
@@ -495,14 +574,10 @@ def main():
                       + (f", ~{format_duration(left)} left" if number else ""), flush=True)
                 data["models"][name]["seeds"].append(scored(name, trained[(name, seed)], seed))
             not_done.remove("metrics")
-            print("[study] the sweep's and the budget sweep's runs on the common metric", flush=True)
-            by_rate = {m[0]: {} for m in compared}  # filled here, then kept whole: a stop leaves no half table
-            for (name, lr), result in sweep.items():
-                bits = None if "diverged" in result else \
-                    second_half_bits(name, result["model"].eval(), windows, specials, torch.Generator())[0]
-                by_rate[name][f"{lr:g}"] = {"val_loss": result["val_loss"], "second_half_bits_per_char": bits,
-                                            "diverged": result.get("diverged")}
-            data["sweep"] = by_rate
+            print("[study] the budget sweep's runs on the common metric", flush=True)
+            data["sweep"] = {name: {f"{lr:g}": {key: [sweep[(name, lr, seed)].get(key) for seed in seeds]
+                                                for key in ("val_loss", "diverged")} for lr in grid}
+                             for name, grid in grids.items()}
             not_done.remove("sweep")
             by_share = {name: {} for name in BUDGET_MODELS}
             for name in BUDGET_MODELS:
@@ -510,12 +585,13 @@ def main():
                     results = [trained[(name, fraction, seed)] for seed in seeds]
                     scores = [second_half_bits(name, result["model"].eval(), windows, specials,
                                                torch.Generator().manual_seed(seed)) for result, seed in zip(results, seeds)]
-                    by_share[name][f"{fraction:g}"] = {"second_half_bits_per_char": [b for b, _ in scores],
+                    by_share[name][f"{fraction:g}"] = {"val_loss": [result["val_loss"] for result in results],
+                                                       "second_half_bits_per_char": [b for b, _ in scores],
                                                        "elbo_bits": [e.get("elbo_bits") for _, e in scores],
                                                        "flops": [result["flops"] for result in results]}
                 runs = data["models"][name]["seeds"]  # the full budget: the main runs, scored above
                 by_share[name]["1"] = {key: [run.get(key) for run in runs]
-                                       for key in ("second_half_bits_per_char", "elbo_bits", "flops")}
+                                       for key in ("val_loss", "second_half_bits_per_char", "elbo_bits", "flops")}
             data["budget"] = by_share
             not_done.remove("budget")
             print(f"[study] claim C2 ({ablation_share:g} x the budget): the common metrics, the built-in heads and a "

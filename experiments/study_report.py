@@ -14,6 +14,7 @@ import numpy as np
 
 from infra.configurator import QUICK_NOTE
 from infra.progress import format_flops
+from infra.plots import pyplot
 
 LN2 = math.log(2)
 
@@ -47,11 +48,12 @@ def report(data, s, N, V):
              f"otherwise. Whole run {data['seconds'] / 60:.1f} min here, training of its "
              f"{data.get('runs', 0)} runs {data.get('training_seconds', 0) / 60:.1f} min in all "
              f"({data.get('reused', 0)} of them reused from an earlier run of the same settings). t5 splits the "
-             f"layers, {s['n_layer'] // 2 or 1} + {s['n_layer'] // 2 or 1}; gpt's exact-Bayes cloze uses the first "
+             f"layers, {s['n_layer'] // 2 or 1} + {s['n_layer'] // 2 or 1}; every model has "
+             f"{data.get('position', 'learned')} positions. gpt's exact-Bayes cloze uses the first "
              f"{min(N, s['bayes_windows'])} windows ({V} forward passes per blank), every other cloze all {N}. Each "
-             f"model trains at its learning rate from the sweep below; the sweep's run of seed {seeds[0]} at that "
-             f"rate is that seed's run here (chosen as the lowest of three noisy validation losses: a small "
-             f"optimistic bias on that seed's val loss). 'in its own setting' is the validation loss of "
+             f"model trains at its learning rate from the sweep below; the sweep's runs at that rate are the runs "
+             f"here (the rate of lowest mean validation loss over the seeds: a small optimistic bias on every "
+             f"model's val loss alike). 'in its own setting' is the validation loss of "
              f"the model's training objective (nats per supervised position: gpt next character, bert the 15% "
              f"corrupted positions, prefixlm the second half given the first, t5 its spans, diffusion its weighted "
              f"ELBO); it is the model's in-distribution score, comparable only between models of the same objective. "
@@ -61,8 +63,15 @@ def report(data, s, N, V):
     if not data["models"]["gpt"]["seeds"]:
         lines.append("(no model was scored)")
     if data["models"]["gpt"]["seeds"]:
-        lines += ["| model | objective | lr | params | iters | supervised positions | train s | in its own setting "
-                  "(val loss) | bits/char, 2nd half given 1st | cloze accuracy |", "|" + "---|" * 10]
+        control = data["plateau_control"]
+        lines += [f"Positive control, every run: past the plateau when its own validation loss is at least "
+                  f"{control['margin']:g} nats under what character frequencies give (the validation text's "
+                  f"cross-entropy under the training text's character frequencies: "
+                  f"{control['character_frequencies_nats']:.3f} nats, so at most {control['threshold']:.3f}). A row "
+                  f"with a run that fails names it; its mean includes it.", "",
+                  "| model | objective | lr | params | iters | supervised positions | train s | in its own setting "
+                  "(val loss) | past the plateau | bits/char, 2nd half given 1st | cloze accuracy |",
+                  "|" + "---|" * 11]
         for name, model in data["models"].items():
             runs = model["seeds"]
             if not runs:
@@ -76,9 +85,10 @@ def report(data, s, N, V):
             lines.append(f"| {name} | {model['objective']} | {model['learning_rate']:g} | "
                          f"{runs[0]['parameters'] / 1e6:.2f}M | {round(np.mean(column('iterations')))} | "
                          f"{round(np.mean(column('supervised_seen'))):,} | {plus_minus(column('seconds'), 0)} | "
-                         f"{plus_minus(column('val_loss'))} | {bits} | {cloze} |")
+                         f"{plus_minus(column('val_loss'))} | {plateau_cell(runs, 'seed')} | {bits} | {cloze} |")
         reference = data["unigram_reference"]
-        lines.append(f"| character frequencies (reference) | - | - | - | - | - | - | - | "
+        lines.append(f"| character frequencies (reference) | - | - | - | - | - | - | "
+                     f"{control['character_frequencies_nats']:.3f} | - | "
                      f"{reference['bits_per_char']:.3f} | {100 * reference['cloze']:.1f}% (always the most frequent) |")
         gpt, diffusion = data["models"]["gpt"]["seeds"], data["models"]["diffusion"]["seeds"]
         if gpt and diffusion:
@@ -86,18 +96,7 @@ def report(data, s, N, V):
                           f"{plus_minus([run['val_loss'] / LN2 for run in gpt])}, diffusion ELBO (an upper bound on its "
                           f"NLL) {plus_minus([run['val_loss'] / LN2 for run in diffusion])}."]
     if "sweep" in data:
-        rates = data["learning_rates"]
-        lines += ["", f"Learning-rate sweep, seed {seeds[0]} only, each rate at the full budget (min lr = rate / 10, "
-                      f"cosine): validation loss on the model's own objective / bits/char of the second half; * = the "
-                      f"rate kept (lowest validation loss; chosen without looking at the common metric), *edge when it "
-                      f"is the lowest or highest rate tried (the best rate may lie beyond the grid):", "",
-                  "| model | " + " | ".join(f"lr {r:g}" for r in rates) + " |", "|---|" + "---|" * len(rates)]
-        for name, by_rate in data["sweep"].items():
-            cells = [by_rate[f"{r:g}"] for r in rates]
-            lines.append(f"| {name} | " + " | ".join(
-                ("diverged" if cell["diverged"] else f"{cell['val_loss']:.3f} / {cell['second_half_bits_per_char']:.3f}")
-                + ((" *edge" if r in (rates[0], rates[-1]) else " *") if r == data["chosen_learning_rate"][name] else "")
-            for r, cell in zip(rates, cells)) + " |")
+        lines += sweep_table(data)
     if "budget" in data:
         lines += budget_table(data)
     if "ablation" in data:
@@ -119,6 +118,45 @@ def report(data, s, N, V):
     return lines
 
 
+def plateau_cell(runs, label):
+    """'3/3', or '2/3; not: seed 1338 (3.130)': how many runs passed the positive control, naming those that did
+    not. runs: dicts with val_loss, past_plateau and `label` (what names a run)."""
+    behind = [run for run in runs if not run["past_plateau"]]
+    return f"{len(runs) - len(behind)}/{len(runs)}" + ("; not: " + ", ".join(
+        f"{label} {run[label]} ({'diverged' if run['val_loss'] is None else format(run['val_loss'], '.3f')})"
+        for run in behind) if behind else "")
+
+
+def sweep_table(data):
+    """The learning-rate sweep: every rate of each model's grid, mean +- std of the validation loss over the
+    seeds, how many runs passed the control, the rate kept."""
+    seeds, control = data["seeds"], data["plateau_control"]
+    rates = sorted({float(r) for by_rate in data["sweep"].values() for r in by_rate})
+    lines = ["", f"Learning-rate sweep, seeds {', '.join(map(str, seeds))}, each rate at the full budget (min lr = rate "
+                 f"/ 10, cosine, warmup 100 iterations or a tenth of a shorter run): validation loss on the model's own objective, mean +- std "
+                 f"over the seeds, and [runs past the plateau]; * = the rate kept (lowest mean; chosen without "
+                 f"looking at the common metrics). Every grid starts at the same rates; a kept rate at the edge of "
+                 f"its model's grid added the next rate beyond it, so a kept rate is inside its grid unless marked "
+                 f"*edge; - = not tried:", "",
+             "| model | " + " | ".join(f"lr {r:g}" for r in rates) + " |", "|---|" + "---|" * len(rates)]
+    for name, by_rate in data["sweep"].items():
+        grid = sorted(float(r) for r in by_rate)
+        cells = []
+        for rate in rates:
+            cell = by_rate.get(f"{rate:g}")
+            if cell is None:
+                cells.append("-")
+                continue
+            losses = cell["val_loss"]
+            passed = sum(past is not None and past <= control["threshold"] for past in losses)
+            text = ("diverged" if None in losses else plus_minus(losses)) + f" [{passed}/{len(losses)}]"
+            if rate == data["chosen_learning_rate"][name]:
+                text += " *edge" if rate in (grid[0], grid[-1]) else " *"
+            cells.append(text)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def budget_table(data):
     """Claim C4's gap against compute: bits/char of the second half at each share of the budget, and each
     model's gap to gpt (paired by seed)."""
@@ -136,6 +174,11 @@ def budget_table(data):
         if budget[name][shares[0]]["elbo_bits"][0] is not None:
             lines.append(f"| {name} (ELBO) | " + " | ".join(plus_minus(budget[name][f]["elbo_bits"]) for f in shares)
                          + " |")
+    threshold = data["plateau_control"]["threshold"]
+    for name in budget:
+        lines.append(f"| {name}: runs past the plateau | " + " | ".join(
+            f"{sum(loss is not None and loss <= threshold for loss in budget[name][f]['val_loss'])}/"
+            f"{len(budget[name][f]['val_loss'])}" for f in shares) + " |")
     for name in budget:
         if name != "gpt":
             gaps = [[b - g for b, g in zip(budget[name][f]["second_half_bits_per_char"],
@@ -149,15 +192,13 @@ PROBE_TASKS = {"original at replaced": "the original character at a randomly rep
                "next character": "the next character, from a clean input (a task neither model trained for)"}
 
 
-PLATEAU_MARGIN = 0.25  # bits/char below character frequencies, in every seed, to count as past the MLM plateau
-
-
 def past_the_plateau(data):
-    """Claim C2 compares the two models only where both learned: each seed's bits/char of the second half at least
-    PLATEAU_MARGIN below what character frequencies give. Returns (verdict, the names that are not past)."""
-    reference = data["unigram_reference"]["bits_per_char"]
+    """Claim C2 compares the two models only where both learned: every seed of each past the study's positive
+    control (its own validation loss under data["plateau_control"]["threshold"]). Returns (verdict, the names
+    that are not past)."""
+    threshold = data["plateau_control"]["threshold"]
     behind = [name for name, runs in data["ablation"]["models"].items()
-              if not all(run["second_half_bits_per_char"] < reference - PLATEAU_MARGIN for run in runs)]
+              if not all(run["val_loss"] is not None and run["val_loss"] <= threshold for run in runs)]
     return not behind, behind
 
 
@@ -166,9 +207,10 @@ def ablation_table(data):
     measurement), beside whether both models are past the plateau at all."""
     ablation, reference = data["ablation"], data["unigram_reference"]
     past, behind = past_the_plateau(data)
-    verdict = (f"yes: every seed of both at least {PLATEAU_MARGIN} bits/char below character frequencies" if past else
-               f"NO for {', '.join(behind)} (not {PLATEAU_MARGIN} bits/char below character frequencies in every "
-               f"seed): the comparison below is inconclusive")
+    margin = data["plateau_control"]["margin"]
+    verdict = (f"yes: every seed of both at least {margin:g} nats under character frequencies on its own validation "
+               f"loss" if past else f"NO for {', '.join(behind)} (not {margin:g} nats under character frequencies in "
+               f"every seed): the comparison below is inconclusive")
     lines = ["", f"Claim C2: bert (80/10/10) against bert-100%-mask (every chosen position [MASK]), both at "
                  f"{data['ablation_budget']:g} x the budget and one learning rate, {data['ablation_learning_rate']:g} (the "
                  f"masking is the only difference). Past the "
@@ -234,11 +276,8 @@ def rank_table(ranks, baselines, setting, windows_used, seeds, bits=None):
 def plot(data, path):
     """Bits/char of the second half and cloze accuracy per model (mean, std as error bars), and the budget sweep,
     when matplotlib is installed."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     models = {name: model["seeds"] for name, model in data["models"].items() if model["seeds"]}
     names = list(models)

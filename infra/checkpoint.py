@@ -10,6 +10,7 @@ A run's files in its out_dir, and what makes resuming exact:
 Writes are atomic (a temporary file, fsync, rename): a process killed or a disk filling up mid-save leaves the
 previous checkpoint intact. Everything a user can get wrong ends in a UserError with one line that says what to do.
 """
+import difflib
 import json
 import os
 import random
@@ -55,15 +56,47 @@ def save_checkpoint(state, path):
     os.replace(tmp, path)
 
 
+def iterations_trained(folder):
+    """The last iteration a run's log.jsonl records (0 when it has none): how far the run in `folder` got,
+    without loading its weights."""
+    last = 0
+    try:
+        with open(os.path.join(folder, "log.jsonl")) as f:
+            for line in f:
+                try:
+                    last = max(last, int(json.loads(line)["iter"]))
+                except (ValueError, KeyError, TypeError):
+                    pass  # a line cut short by a crash
+    except OSError:
+        pass
+    return last
+
+
+def missing_checkpoint(path):
+    """The one line for a checkpoint that is not there: where it was looked for (an absolute folder: a relative
+    --out_dir is read from the current folder), the name meant if a folder here is close to it, and otherwise the
+    runs here, the most trained first (an iteration-0 checkpoint left by an early Ctrl-C samples noise)."""
+    folder, name = os.path.split(path)
+    where = f"no checkpoint at {path} (looked in {os.path.abspath(folder or '.')})"
+    parent = os.path.dirname(os.path.abspath(folder or "."))
+    runs = [d for d in os.listdir(parent) if os.path.isfile(os.path.join(parent, d, name))] \
+        if os.path.isdir(parent) else []
+    close = difflib.get_close_matches(os.path.basename(os.path.normpath(folder)), runs, n=1, cutoff=0.85)
+    if close:
+        return f"{where}: did you mean --out_dir={os.path.join(os.path.dirname(os.path.normpath(folder)), close[0])}?"
+    runs.sort(key=lambda d: -iterations_trained(os.path.join(parent, d)))
+    found = "; runs there, the most trained first: " + ", ".join(
+        f"--out_dir={d} ({iterations_trained(os.path.join(parent, d))} iterations)" for d in runs[:4]) if runs else ""
+    return f"{where}: train first (python train.py ...) or fix --out_dir{found}"
+
+
 def load_checkpoint(path, device="cpu"):
     """A checkpoint of this project, checked before anything uses it (train.py resuming, sample.py, finetune.py and
     the experiments all load through here): every problem is a UserError that says what is wrong."""
     if os.path.isdir(path):
         raise UserError(f"{path} is a folder, not a checkpoint: pass the ckpt.pt (or best.pt) file inside a run")
     if not os.path.exists(path):
-        here = sorted(d for d in os.listdir(".") if os.path.isfile(os.path.join(d, os.path.basename(path))))
-        found = f" (here: {', '.join('--out_dir=' + d for d in here[:4])})" if here else ""
-        raise UserError(f"no checkpoint at {path}: train first (python train.py ...) or fix --out_dir{found}")
+        raise UserError(missing_checkpoint(path))
     if not stat.S_ISREG(os.stat(path).st_mode):  # torch.load would wait on a pipe forever
         raise UserError(f"{path} is not a regular file (a pipe or a device): pass the ckpt.pt written by train.py")
     try:

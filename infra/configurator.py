@@ -110,7 +110,9 @@ class _StandardOutput:
         return getattr(self._stream, name)
 
 
-def _check_type(key, value, default):
+def _check_type(key, value, default, current=None):
+    """value checked against the type of the key's default; `current`, the value in use before it (a config
+    file's, where one set it), is the example the message gives."""
     if default is None or isinstance(default, str) and isinstance(value, str):
         return value
     if isinstance(default, bool):
@@ -129,8 +131,9 @@ def _check_type(key, value, default):
             return tuple(value)
     elif isinstance(value, type(default)):
         return value
-    raise UserError(f"--{key}={value!r} has the wrong type: expected {type(default).__name__} "
-                    f"like the default {default!r}")
+    example = default if current is None else current
+    raise UserError(f"--{key}={value!r} has the wrong type: expected {type(default).__name__}, like "
+                    f"{example!r}" + (" (the value in use)" if example != default else " (the default)"))
 
 
 def _unknown(key, known):
@@ -144,7 +147,8 @@ def apply_overrides(defaults, argv):
     config = dict(defaults)
     for arg in argv:
         if arg in ("-h", "--help"):
-            print("options (defaults):\n" + "\n".join(f"  --{k}={v!r}" for k, v in defaults.items()))
+            from infra.options import help_text
+            print(help_text(sys.argv[0], defaults))
             sys.exit(0)
         if not arg.startswith("--"):
             if os.path.isdir(arg):
@@ -188,7 +192,7 @@ def apply_overrides(defaults, argv):
                 value = text  # not a Python literal: reported as the wrong type below
             if isinstance(defaults[key], float) and text.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
                 value = float(text)  # a number, not a literal: refused below as not finite, like a config file's
-        config[key] = _check_type(key, value, defaults[key])
+        config[key] = _check_type(key, value, defaults[key], config[key])
     for key, check in (("seed", check_seed), ("device", check_device)):  # the options every script shares
         if key in config:
             check(config[key])

@@ -194,8 +194,9 @@ def hub_reachable(seconds=5.0):
         return False
 
 
-def where_from(name_or_folder):
-    """"folder", "cache" (downloaded before: no network needed) or "hub"; one line when it can be none of them."""
+def local_folder(name_or_folder):
+    """True for a folder written by save_pretrained, False for what can only be a hub name; one line for a path
+    that is neither (no package is needed to say so)."""
     if os.path.isdir(name_or_folder):
         if os.path.exists(os.path.join(name_or_folder, "config.json")):
             return "folder"
@@ -207,6 +208,13 @@ def where_from(name_or_folder):
     if name_or_folder.startswith((".", "/", "~")) or os.path.exists(name_or_folder):
         raise UserError(f"{name_or_folder} is not a folder: pass a folder written by save_pretrained, or a hub "
                         f"name such as gpt2, bert-base-uncased, t5-small")
+    return False
+
+
+def where_from(name_or_folder):
+    """"folder", "cache" (downloaded before: no network needed) or "hub"; one line when it can be none of them."""
+    if local_folder(name_or_folder):
+        return "folder"
     from huggingface_hub import try_to_load_from_cache
     try:
         cached = isinstance(try_to_load_from_cache(name_or_folder, "config.json"), str)
@@ -224,14 +232,16 @@ def where_from(name_or_folder):
 def open_with_transformers(name_or_folder):
     """(transformers, the name with ~ expanded, where it comes from, its config): the cheap first step of every
     load, so a wrong family or arch is refused before any weights are downloaded."""
+    name_or_folder = os.path.expanduser(name_or_folder)
+    folder = local_folder(name_or_folder)  # a wrong path is refused before any package is asked for
     try:
         import transformers
     except ImportError:
-        raise UserError("loading published weights needs the optional package transformers: "
-                        "pip install transformers") from None
+        raise UserError(f"could not load {name_or_folder!r}: " + (
+            "reading a save_pretrained folder" if folder else "it is not a folder, and a Hugging Face hub name")
+            + " needs the optional package transformers: pip install transformers") from None
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
-    name_or_folder = os.path.expanduser(name_or_folder)
     source = where_from(name_or_folder)
     try:
         hf_config = transformers.AutoConfig.from_pretrained(name_or_folder, local_files_only=source != "hub")

@@ -17,6 +17,7 @@ Plain prints, no dependency: a line every ~10 s is enough to tell a user the job
 import errno
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -57,6 +58,43 @@ class Progress:
                  flush=True)
 
 
+class RecentRate:
+    """Seconds per unit (an iteration) from the recent past: the median of the last `window` measurements, each a
+    mean over the units between two log lines. One slow stretch (a busy moment, a checkpoint) moves a median of
+    five by one place, not the estimate; a lasting change of speed moves it within a few lines, and changed()
+    says so once instead of the estimate swinging silently."""
+
+    def __init__(self, window=5, factor=1.5):
+        self.samples, self.window, self.factor = [], window, factor
+        self.reported = None  # the rate last said (or the first one)
+
+    def add(self, seconds, units):
+        if units > 0:
+            self.samples = (self.samples + [seconds / units])[-self.window:]
+
+    def rate(self):
+        """The median of the recent rates (None before the first)."""
+        ordered = sorted(self.samples)
+        if not ordered:
+            return None
+        middle = len(ordered) // 2
+        return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+    def changed(self):
+        """(the rate said before, the rate now) when the median moved by more than `factor` either way since the
+        last time it was said; else None."""
+        now = self.rate()
+        if now is None:
+            return None
+        if self.reported is None:
+            self.reported = now
+            return None
+        if max(now, self.reported) > self.factor * min(now, self.reported):
+            before, self.reported = self.reported, now
+            return before, now
+        return None
+
+
 class StopSignals:
     """A context in which SIGINT and SIGTERM do not kill the process but set a flag that the work checks
     (`if stop:`) at points where stopping loses nothing. A second signal raises KeyboardInterrupt at once, for a
@@ -89,6 +127,22 @@ class StopSignals:
 
     def __bool__(self):
         return self.requested
+
+
+class StopSignalsWithProgress(StopSignals):
+    """StopSignals for work that asks `if stop:` once per step (sample.py's samplers): each ask also counts a step,
+    and every `every` seconds a line on standard error says how far the work is and the time left, so a slow
+    generation is never a silent one. The samplers stay as they read: they only ask whether to stop."""
+
+    def __init__(self, message, what, total, every=5.0):
+        super().__init__(message)
+        self.steps, self.total = 0, max(1, total)
+        self.progress = Progress(what, self.total, every, log=lambda line, **kw: print(line, file=sys.stderr, **kw))
+
+    def __bool__(self):
+        self.steps += 1
+        self.progress.update(min(self.steps, self.total))
+        return super().__bool__()
 
 
 def write_atomically(path, text, *more):

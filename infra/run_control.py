@@ -37,7 +37,7 @@ import torch
 
 from infra.checkpoint import CheckpointWriteFailed, OutDirLock, RunLog, save_checkpoint
 from infra.configurator import Failure, UserError, apply_overrides
-from infra.progress import StopSignals, format_duration, remove_quietly
+from infra.progress import RecentRate, StopSignals, format_duration, remove_quietly
 from infra.timing import matmul_flops_per_second, mfu_text
 
 
@@ -108,6 +108,8 @@ class RunControl:
         self.saved_at = None  # the iteration of the last checkpoint this run wrote
         self.clock, self.timed_iters, self.last_line = time.perf_counter(), 0, time.perf_counter()
         self.flops_at_clock = setup.flops_done  # the rate of a FLOPs budget's spending, since the last log line
+        self.speed = RecentRate()  # seconds per iteration, the median of the recent log lines' (the time left)
+        self.evaluation_started, self.evaluation_seconds = None, 0.0  # the last evaluation's cost (the time left)
 
     # ---- the out_dir, for the run's whole life
     def __enter__(self):
@@ -181,6 +183,7 @@ class RunControl:
         """Does this process evaluate now? The master, unless the run is already stopping. Every process calls it:
         a loss that diverged since the last check stops them all here, before an evaluation is spent on it."""
         self.check_losses()
+        self.evaluation_started = time.perf_counter()
         return self.master and not self.stopped
 
     def decide(self, iter_num, losses):
@@ -238,6 +241,8 @@ class RunControl:
                      + (" (it repeats the evaluation that was cut short)" if saved and self.cut_short else ""))
         self.clock, self.timed_iters = time.perf_counter(), 0
         self.flops_at_clock = self.flops_done
+        if self.evaluation_started is not None:
+            self.evaluation_seconds = self.clock - self.evaluation_started
 
     def say_how_it_ended(self, iter_num):
         """The last line of a run that was not stopped: where its checkpoint is, and what to run next."""
@@ -250,6 +255,26 @@ class RunControl:
         path = os.path.join(self.out_dir, "ckpt.pt")
         self.log(f"finished at iteration {iter_num}: {path}. Next: python sample.py --out_dir={self.out_dir}, or "
                  f"train longer with the same command plus --init_from=resume --max_iters=<more than {iter_num}>")
+
+    def doubt_mfu(self, why):
+        """From now on every log line says "mfu ?"; why (None: no doubt) is said once, on a line of its own."""
+        if why is None:
+            return
+        self.mfu_doubt = "mfu ?"
+        if self.master and not self.config["quiet"]:
+            self.log(f"no MFU figure: {why.removeprefix('mfu ? ').strip('()')}; every line below says mfu ?")
+
+    def time_left(self, iter_num, flops_per_iteration):
+        """Seconds left: the iterations left (to max_iters, or to the FLOPs budget if that ends the run first: a
+        step's FLOPs vary with the objective's draws) at the median recent speed, plus the evaluations left at
+        what the last one cost."""
+        iterations = self.config["max_iters"] - iter_num - 1
+        if self.config["max_flops"] and flops_per_iteration > 0:
+            iterations = min(iterations, (self.config["max_flops"] - self.flops_done) / flops_per_iteration)
+        iterations = max(0.0, iterations)
+        interval = self.config["eval_interval"]
+        evaluations = int((iter_num + iterations) // interval - iter_num // interval) + 1  # and the final one
+        return iterations * self.speed.rate() + evaluations * self.evaluation_seconds
 
     def project(self, seconds_per_eval_batch):
         for line in project_run(seconds_per_eval_batch, self.end_iter - self.first_iter, self.config,
@@ -279,12 +304,13 @@ class RunControl:
         self.check_losses()
         now = time.perf_counter()
         dt = (now - self.clock) / self.timed_iters  # mean over the iterations since the last log line
-        left = (self.config["max_iters"] - iter_num - 1) * dt
+        self.speed.add(now - self.clock, self.timed_iters)
+        left = self.time_left(iter_num, (self.flops_done - self.flops_at_clock) / self.timed_iters)
+        changed = self.speed.changed()
+        if changed and self.master and not self.config["quiet"]:
+            self.log(f"this machine's speed changed: {changed[1] * 1000:.1f} ms/iter over the recent lines, "
+                     f"{changed[0] * 1000:.1f} before (other work on it?); the time left follows the new speed")
         budget = self.config["max_flops"]
-        if budget:  # or the FLOPs budget ends it first: what is left of that, at the rate since the last line
-            # (a step's FLOPs vary with the objective's draws: the planned iteration count is an estimate)
-            spent = max(1.0, self.flops_done - self.flops_at_clock)
-            left = min(left, max(0.0, budget - self.flops_done) * (now - self.clock) / spent)
         self.clock, self.timed_iters, self.last_line, self.flops_at_clock = now, 0, now, self.flops_done
         if self.config["quiet"] and self.master and line_due:  # a quiet run (an experiment's) still talks
             where = f" ({100 * min(1.0, self.flops_done / budget):.0f}% of its FLOPs budget)" if budget else \
@@ -293,12 +319,12 @@ class RunControl:
                   f"this run", flush=True)
         if not self.peak_checked:  # the peak measured at start, checked once against a second measurement
             self.peak_checked = True
-            self.mfu_doubt = peak_doubt(self.peak_flops, matmul_flops_per_second(
-                self.processes.device, self.peak_dtype, seconds=0.2))
+            self.doubt_mfu(peak_doubt(self.peak_flops, matmul_flops_per_second(
+                self.processes.device, self.peak_dtype, seconds=0.2)))
             self.clock = self.last_line = time.perf_counter()  # (not training time)
         mfu = format_mfu(flops / self.processes.world_size / dt, self.peak_flops)
         if self.mfu_doubt is None and mfu.startswith("mfu ?"):  # above 100%: no later line trusts the peak either
-            self.mfu_doubt = mfu
+            self.doubt_mfu(mfu)
         return SimpleNamespace(loss=loss_value, dt=dt, tokens=tokens, supervised=supervised, left=left,
                                mfu=self.mfu_doubt or mfu)
 

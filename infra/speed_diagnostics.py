@@ -35,6 +35,7 @@ from infra.progress import Progress
 from infra.configurator import QUICK_OUTPUT, UserError
 from infra.progress import check_writable
 from infra.timing import matmul_flops_per_second, median_time, mfu_text, time_once
+from infra.plots import pyplot
 
 
 # ----------------------------------------------------------------------------- tables
@@ -376,11 +377,8 @@ def fresh_kernel_cache():
 
 
 def plot(results, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     decoding = results["decoding"]
     fig, ax = plt.subplots(figsize=(6, 4))

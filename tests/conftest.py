@@ -21,6 +21,11 @@ def load_prepare(name):
     return module
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "optional_packages: behaves differently where transformers or matplotlib "
+                                       "is installed (.ci/run's second step runs these with both)")
+
+
 @pytest.fixture(scope="session")
 def char_dataset(tmp_path_factory):
     """Char-level Tiny Shakespeare (its first 200k characters) from ../shared when that folder sits beside the

@@ -260,3 +260,252 @@ def test_the_experiment_runs_end_to_end(char_dataset, tmp_path):
     assert gpt["equal pairs"] == gpt["pairs"] and gpt["balanced accuracy"] == 0.5
     priced = [c for c in data["cells"] if "ms per query" in c]
     assert len(priced) == len(encoders.CROSS_READERS) and all(v > 0 for c in priced for v in c["ms per query"].values())
+
+
+# ----------------------------------------------------------------------------- pinned against references
+
+def test_each_part_runs_its_own_cell():
+    """run_one sends each part to its own cell: the flag-first part to the bi-encoder with the flag first (a part
+    sent to the flag-last cell would repeat the retrieval column), reranking to the cross-encoder."""
+    called = []
+    fake = {name: (lambda name: lambda *args, **kwargs: called.append((name, args[-1] if name == "biencoder_cell"
+                                                                        else None)) or {})(name)
+            for name in ("probe_cell", "biencoder_cell", "crossencoder_cell", "judge_cell")}
+    with pytest.MonkeyPatch.context() as patch:
+        for name, function in fake.items():
+            patch.setattr(encoders, name, function)
+        for part in encoders.PARTS:
+            encoders.run_one(part, None, "mean", {}, {}, 0, False)
+    assert called == [("probe_cell", None), ("biencoder_cell", "end"), ("biencoder_cell", "first"),
+                      ("crossencoder_cell", None), ("judge_cell", None)]
+
+
+def test_both_flags_occur_about_equally_and_name_their_line(quick_task):
+    """A document's flag must vary (A: about its first line, B: its second) or the flag decides nothing: both
+    flags in about equal numbers, in the evaluation documents and in the training documents a batch builds."""
+    _, task = quick_task
+    flags = Counter(doc.split("\n")[2] for doc in task["docs"])
+    assert set(flags) == set(encoder_tasks.FLAGS) and min(flags.values()) >= 0.3 * len(task["docs"]), flags
+    built = encoder_tasks.documents([f"line {k:04d}" for k in range(1000)], np.random.default_rng(5))
+    share = Counter(doc.split("\n")[2] for doc in built)["A"] / len(built)
+    assert 0.45 < share < 0.55, share  # 1,000 fair coins: 0.5 +- 0.016
+    for doc in built[:50]:
+        assert encoder_tasks.flagged_line(doc) == doc.split("\n")["AB".index(doc.split("\n")[2])]
+
+
+def test_every_evaluation_set_comes_from_the_validation_text(quick_task):
+    """Each evaluation example is cut from the validation split and each training one from the training split
+    (checked against the texts themselves: disjoint sets drawn from the wrong split would pass a disjointness
+    test)."""
+    texts, task = quick_task
+    train, val = (texts[split].replace("\n", " ") for split in ("train", "val"))
+    half = encoders.SCALES["quick"]["half"]
+    for name, text in (("eval", val), ("train", train)):
+        for window in task[name]:
+            assert window[:half] in text and window[half:] in text, (name, window)
+    for name, text in (("judge_eval", val), ("judge_train", train)):
+        for example in task[name]:
+            assert example.split("\n")[0] in text, (name, example)  # the unchanged line; the other may differ
+    assert all(line in val for line in task["eval_lines"]) and all(line in train for line in task["train_lines"])
+
+
+def test_seeds_change_the_fine_tuning_batches(quick_task):
+    """Two seeds of a cell read different training batches (the same batches for every seed would leave only the
+    checkpoint to vary, and the +- would understate the spread)."""
+    _, task = quick_task
+    s = dict(encoders.SCALES["quick"], steps=3)
+    read = {}
+    for seed in (1, 2):
+        seen = read.setdefault(seed, [])
+        real = encoders.embed
+
+        def watched(backbone, texts, how, span=None):
+            seen.extend(texts)
+            return real(backbone, texts, how, span)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(encoders, "embed", watched)
+            patch.setattr(encoders, "embed_all", lambda backbone, texts, how, span=None: torch.zeros(len(texts), 16))
+            for part in ("retrieval", "judge"):
+                encoders.run_one(part, tiny_backbone("bert"), "mean", task, s, seed, False)
+    assert read[1] and read[2] and read[1] != read[2]
+
+
+def test_each_seed_fine_tunes_its_own_pretraining_run(char_dataset, tmp_path, monkeypatch):
+    """The command's loop: every cell of seed k loads seed k's checkpoint and runs with seed k (not the first seed
+    every time)."""
+    import sys
+    seeds = [1337, 1338]
+    monkeypatch.setitem(encoders.SCALES, "quick", dict(encoders.SCALES["quick"], seeds=2))
+    folders = {(model, seed): f"run-{model}-{seed}" for model in ("gpt", "bert", "prefixlm", "t5", "diffusion")
+               for seed in seeds}
+    monkeypatch.setattr(encoders, "study_backbones", lambda *args: (folders, {
+        f"{model}, seed {seed}": {"final_val_loss": 2.0, "written": 0} for model, seed in folders}))
+    loaded, ran = [], []
+
+    class Loaded:
+        def __init__(self, folder, device):
+            loaded.append(folder)
+    monkeypatch.setattr(encoders, "Backbone", Loaded)
+    monkeypatch.setattr(encoders, "run_one", lambda part, backbone, how, task, s, seed, stop: ran.append(seed) or {})
+    monkeypatch.setattr(encoders, "rules", lambda task: {"retrieval": {"n-gram cosine": {"recall@1": 0, "hits@1": 0}},
+                                                         "judge": {"n-gram logistic regression": 0}, "probe": {}})
+    monkeypatch.setattr(encoders, "report", lambda *args: "")
+    monkeypatch.setattr(encoders, "plot", lambda *args: None)
+    monkeypatch.setattr(sys, "argv", ["encoders.py", "--quick", f"--out_dir={tmp_path}", f"--dataset={char_dataset}",
+                                      "--parts=retrieval,judge"])
+    encoders.main()
+    plan = [(model, seed) for seed in seeds for part in ("retrieval", "judge") for model, _ in encoders.PARTS[part]]
+    assert loaded == [folders[key] for key in plan] and ran == [seed for _, seed in plan]
+
+
+def hand_scorer(backbone, head, queries, docs, how):
+    """An oracle cross-encoder: 1 where the document is the query's (its flag names the query's line), else 0."""
+    return torch.tensor([float(encoder_tasks.flagged_line(d) == q) for q, d in zip(queries, docs)])
+
+
+def test_the_cross_encoder_trains_on_its_query_its_document_and_its_hard_negative(quick_task, monkeypatch):
+    """A training batch, against a hand-made reference: each query meets its own document (the target, column
+    0), its hard negative (column 1) and others; the loss is the softmax cross-entropy of exactly that layout; the
+    head gets a gradient; scored by an oracle, the evaluation's hits@1 is 100%."""
+    _, task = quick_task
+    s = dict(encoders.SCALES["quick"], rerank_batch=3, rerank_negatives=2)  # 3 candidates per query
+    captured = {}
+    monkeypatch.setattr(encoders, "train", lambda backbone, head, steps, s, batch_loss, stop, seed:
+                        captured.update(head=head, batch_loss=batch_loss))
+    monkeypatch.setattr(encoders, "cross_scores", hand_scorer)
+    monkeypatch.setattr(encoders, "price", lambda *args: {})
+    result = encoders.crossencoder_cell(tiny_backbone("bert"), "mean", task, s, 0, False)
+    assert result["hits@1"] == 1.0  # the oracle's scores laid out per query as the candidate sets are
+    assert captured["head"] is not None and captured["head"].weight.requires_grad  # a head to train
+    read = []
+
+    def scorer(backbone, head, queries, docs, how):
+        read.append((list(queries), list(docs)))
+        g = torch.Generator().manual_seed(len(read))
+        return torch.randn(len(queries), generator=g, requires_grad=True)
+    monkeypatch.setattr(encoders, "cross_scores", scorer)
+    loss = captured["batch_loss"](np.random.default_rng(0))
+    (queries, docs), = read
+    scores = torch.randn(len(queries), generator=torch.Generator().manual_seed(1))
+    assert len(queries) == 3 * 3
+    expected = 0.0
+    for row in range(3):  # query `row` of the batch: its own document first, then its hard negative
+        q = queries[3 * row]
+        assert queries[3 * row:3 * row + 3] == [q] * 3
+        mine, hard, other = docs[3 * row:3 * row + 3]
+        assert encoder_tasks.flagged_line(mine) == q and q in hard.split("\n")[:2]
+        assert encoder_tasks.flagged_line(hard) != q and encoder_tasks.flagged_line(other) != q
+        row_scores = scores[3 * row:3 * row + 3]
+        expected -= (row_scores[0] - torch.logsumexp(row_scores, 0)).item()
+    assert loss.item() == pytest.approx(expected / 3, rel=1e-5)
+
+
+def test_a_reranker_reads_each_pair_at_its_readers_position():
+    """cross_scores pools (query, document) read together as the reader says: gpt's last position (the only one
+    that has read both), bert's mean; the head's score is a linear function of that state."""
+    assert ("gpt", "last") in encoders.CROSS_READERS and ("gpt", "mean") not in encoders.CROSS_READERS
+    for arch, how in (("gpt", "last"), ("bert", "mean")):
+        backbone = tiny_backbone(arch)
+        head = torch.nn.Linear(16, 1)
+        with torch.no_grad():
+            got = encoders.cross_scores(backbone, head, ["to be"], ["or not"], how)
+            ids = torch.tensor([backbone.tokenizer.encode("to be\nor not")])
+            hidden = hidden_states(backbone.model, ids, torch.tensor([ids.size(1)]))[0]
+            state = hidden[-1] if how == "last" else hidden.mean(0)
+        assert torch.allclose(got, head(state), atol=1e-6)
+
+
+def test_the_judgement_rule_and_the_probe_learn_from_training_examples_only(quick_task, monkeypatch):
+    """The n-gram rules are fitted on the training examples (fitted on the evaluation ones they would score far
+    above what a rule can do); the structural probe is trained on the training windows' vectors: trained on a
+    training set of one class it answers that class everywhere, balanced accuracy exactly 0.5 on an evaluation
+    set of both classes (plain accuracy would read 0.67 there)."""
+    _, task = quick_task
+    fitted = []
+    real = encoders.tuned_logistic_regression
+
+    def watched(x_train, y_train, x_eval, num_classes, **kwargs):
+        fitted.append((x_train.shape[0], list(y_train), x_eval.shape[0]))
+        return real(x_train, y_train, x_eval, num_classes, **kwargs)
+    monkeypatch.setattr(encoders, "tuned_logistic_regression", watched)
+    encoders.rules(task, parts=("probe", "judge"))
+    assert fitted[-1] == (len(task["judge_train"]), list(task["judge_train_labels"]), len(task["judge_eval"]))
+    assert all(n == len(task["train"]) and labels == list(task["train_labels"]) for n, labels, _ in fitted[:-1])
+    firsts = ["the king", "my lord,", "good sir", "o heave,", "what dos", "and the "]
+    probe_task = {"train": [f + " And The" for f in firsts[:4]], "train_labels": np.array([1, 1, 1, 1]),
+                  "eval": [f + tail for f in firsts[4:] for tail in (" And The", " and so ")] + firsts[:2],
+                  "eval_labels": np.array([1, 0, 1, 0, 1, 1])}
+    probe_task["eval"][-2:] = [f + " and so " for f in firsts[:2]]
+    probe_task["eval_labels"] = np.array([1, 0, 1, 0, 0, 0])[[0, 2, 1, 3, 4, 5]]  # 2 of class 1, 4 of class 0
+    result = encoders.probe_cell(tiny_backbone("bert"), "mean", probe_task,
+                                 dict(encoders.SCALES["quick"], half=8, probe_steps=200), 0, False)
+    assert result["balanced accuracy"] == 0.5
+
+
+def test_equal_to_the_bit_means_equal_to_the_bit(monkeypatch):
+    """The structural part counts pairs whose vectors are identical, not close: a difference of 1e-6 is a
+    difference (a reader that read the second half at all)."""
+    vectors = torch.zeros(4, 16)
+    vectors[3, 0] = 1e-6  # the second pair differs by a hair
+    monkeypatch.setattr(encoders, "embed_all", lambda backbone, texts, how, span=None: vectors[:len(texts)])
+    task = {"train": ["a"] * 4, "train_labels": np.array([1, 0, 1, 0]), "eval": ["a"] * 4,
+            "eval_labels": np.array([1, 0, 1, 0])}
+    result = encoders.probe_cell(None, "mean", task, dict(encoders.SCALES["quick"], probe_steps=1), 0, False)
+    assert result["equal pairs"] == 1
+
+
+def test_retrieval_ranks_by_cosine_not_by_dot_product(monkeypatch):
+    """Queries and documents are compared by cosine: a document with a long vector does not win by its length."""
+    lines = ["q0", "q1", "q2"]
+    query_vectors = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    doc_vectors = torch.tensor([[1.0, 0.1], [0.1, 1.0], [1.0, 1.0]]) * torch.tensor([[10.0], [10.0], [1.0]])
+    monkeypatch.setattr(encoders, "train", lambda *args: None)
+    monkeypatch.setattr(encoders, "embed_all", lambda backbone, texts, how, span=None:
+                        query_vectors if texts[0] == "q0" else doc_vectors)
+    task = {"train_lines": lines, "eval_lines": lines, "docs": ["d0", "d1", "d2"], "docs_flag_first": [],
+            "candidate_sets": np.array([[0, 2, 1]])}
+    result = encoders.biencoder_cell(tiny_backbone("gpt"), "mean", task, encoders.SCALES["quick"], 0, False, "end")
+    assert result["recall@1"] == 1.0  # by dot product q2 would pick a long document (score 11) over its own (2)
+
+
+def test_mrr_counts_every_rank():
+    """MRR over all documents: a right answer ranked 20th adds 1/20, not 0 (no cut at 10)."""
+    similarity = np.eye(30)
+    similarity[0, 1:20] = 2.0  # query 0's document ranks 20th
+    assert encoders.recall_and_mrr(similarity)["mrr"] == pytest.approx((29 + 1 / 20) / 30)
+
+
+def test_the_reranking_control_is_measured_against_the_rules_hits_at_1():
+    data = {"rules": {"retrieval": {"n-gram cosine": {"recall@1": 0.1, "hits@1": 0.6}},
+                      "judge": {"n-gram logistic regression": 0.5}},
+            "cells": [{"part": "reranking", "reader": "bert (mean)", "seed": s, "hits@1": 0.65} for s in range(3)]}
+    control = encoders.controls(data)["reranking"]
+    assert control["rule"] == 0.6 and not control["passed"]  # 0.65 < 0.6 + the margin
+
+
+def test_the_price_times_what_its_columns_name(quick_task, monkeypatch):
+    """The bi-encoder's time per query includes encoding the query; the cross-encoder's for every evaluation
+    document reads every one of them (not the first 256)."""
+    _, task = quick_task
+    docs = [f"doc {k:04d}\nx\nA" for k in range(300)]
+    task = dict(task, docs=docs)
+    work_read = []
+    real = encoders.embed
+
+    def watched(backbone, texts, how, span=None):
+        work_read.append(list(texts))
+        return real(backbone, texts, how, span)
+
+    def once(work, device, repeats, warmup=0):
+        work_read.clear()
+        work()
+        timed.append([t for batch in work_read for t in batch])
+        return 0.001
+    timed = []
+    monkeypatch.setattr(encoders, "median_time", once)
+    monkeypatch.setattr(encoders, "embed", watched)
+    encoders.price(tiny_backbone("bert"), torch.nn.Linear(16, 1), "mean", task, dict(encoders.SCALES["quick"]))
+    cross_all, bi_all = timed[2], timed[3]  # (20 candidates: cross, bi; then every document: cross, bi)
+    query = task["eval_lines"][0]
+    assert len(cross_all) == len(docs) and all(t.startswith(query + "\n") for t in cross_all)
+    assert bi_all == [query] and timed[1] == [query]

@@ -167,6 +167,7 @@ def test_bench_bad_inputs():
     print(assert_clean_failure(run_script("bench.py", "--repeatz=3"), "unknown option"))
 
 
+@pytest.mark.optional_packages  # 4d compares with transformers where it is installed
 def test_bench_quick_runs_every_section(tmp_path):
     """bench.py must not rot: the quick run exercises every section and its compiled rows (no assertion on
     speed)."""

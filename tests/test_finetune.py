@@ -179,6 +179,7 @@ def test_a_folder_without_checkpoint_and_a_wrong_arch_pooling_end_in_one_line(tm
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.optional_packages
 def test_finetune_a_published_bert_folder(tmp_path, char_dataset):
     """finetune.py --init_from=<save_pretrained folder>: the published model reads the task in its own tokens."""
     transformers = pytest.importorskip("transformers")

@@ -377,10 +377,10 @@ def test_a_torchrun_environment_without_its_peers_talks_stops_at_sigterm_and_giv
     assert result.returncode == 1 and "did not all meet at" in result.stderr.strip().splitlines()[-1], result.stderr
 
 
+@pytest.mark.optional_packages  # the same messages with transformers installed and without
 def test_a_published_name_or_folder_is_checked_before_the_dataset(char_dataset, trained, tmp_path):
     """--init_from=<not a published checkpoint> says so, not that the dataset is char-level; a train.py out_dir
-    given as published weights is named as one."""
-    pytest.importorskip("transformers")
+    given as published weights is named as one. No package is needed to say any of it."""
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     for name, needle in (("gpt3", "could not load 'gpt3'"), (str(tmp_path / "nowhere"), "is not a folder"),
                          (trained, "is a train.py out_dir, not published weights: pass --out_dir=")):

@@ -324,13 +324,44 @@ def test_the_correction_probes_rule_is_learned_from_the_training_positions():
 
 
 def test_the_plateau_check_can_say_no():
-    data = {"unigram_reference": {"bits_per_char": 4.87},
-            "ablation": {"models": {"bert": [{"second_half_bits_per_char": 3.9}, {"second_half_bits_per_char": 4.0}],
-                                    "bert-100%-mask": [{"second_half_bits_per_char": 4.1},
-                                                       {"second_half_bits_per_char": 4.7}]}}}
-    assert past_the_plateau(data) == (False, ["bert-100%-mask"])  # 4.7 is within 0.25 of 4.87
-    data["ablation"]["models"]["bert-100%-mask"][1]["second_half_bits_per_char"] = 4.5
+    data = {"plateau_control": {"character_frequencies_nats": 3.37, "margin": 0.3, "threshold": 3.07},
+            "ablation": {"models": {"bert": [{"val_loss": 2.1}, {"val_loss": 2.5}],
+                                    "bert-100%-mask": [{"val_loss": 2.4}, {"val_loss": 3.2}]}}}
+    assert past_the_plateau(data) == (False, ["bert-100%-mask"])  # 3.2 is within 0.3 of 3.37
+    data["ablation"]["models"]["bert-100%-mask"][1]["val_loss"] = 3.0
     assert past_the_plateau(data) == (True, [])
+    data["ablation"]["models"]["bert"][0]["val_loss"] = None  # a diverged run did not learn
+    assert past_the_plateau(data) == (False, ["bert"])
+
+
+def test_the_plateau_control_is_the_character_frequencies_of_the_data(tmp_path):
+    """The control every study run must pass: the validation text's cross-entropy (nats/char) under the training
+    text's add-one-smoothed character frequencies, computed from the files, minus the margin. Checked by hand on
+    a 3-letter alphabet; a control that always passes (threshold at infinity, or the reference from the wrong
+    split) fails here."""
+    V = 3
+    np.array([0] * 6 + [1] * 2 + [2] * 0, dtype=np.uint16).tofile(tmp_path / "train.bin")
+    np.array([0, 1, 2, 2], dtype=np.uint16).tofile(tmp_path / "val.bin")
+    control = study.plateau_control(str(tmp_path / "train.bin"), str(tmp_path / "val.bin"), V)
+    p = np.array([7, 3, 1]) / 11  # add-one counts 6+1, 2+1, 0+1
+    expected = -(np.log(p[0]) + np.log(p[1]) + 2 * np.log(p[2])) / 4
+    assert control["character_frequencies_nats"] == pytest.approx(expected, rel=1e-12)
+    assert control["threshold"] == pytest.approx(expected - study.PLATEAU_MARGIN)
+    assert study.PLATEAU_MARGIN == 0.3
+    assert study.past_plateau(expected - 0.31, control)
+    assert not study.past_plateau(expected - 0.29, control)
+    assert not study.past_plateau(expected, control)  # what character frequencies alone give: not learned
+    assert not study.past_plateau(None, control)  # diverged
+
+
+def test_a_kept_rate_at_the_edge_of_its_grid_gets_the_next_rate_beyond():
+    grids = {"a": [1e-3, 2e-3, 4e-3], "b": [1e-3, 2e-3, 4e-3], "c": [1e-3, 2e-3, 4e-3]}
+    chosen = {"a": 4e-3, "b": 2e-3, "c": 1e-3}
+    assert study.next_rates(grids, chosen, 2) == {"a": [8e-3], "c": [5e-4]}  # b's is inside: nothing to add
+    results = {("a", 1e-3, 1): {"val_loss": 2.0}, ("a", 1e-3, 2): {"val_loss": 3.0},
+               ("a", 2e-3, 1): {"val_loss": 1.0}, ("a", 2e-3, 2): {"val_loss": None}}
+    assert study.mean_loss(results, "a", 1e-3, [1, 2]) == 2.5  # the mean over seeds, not the first seed's
+    assert study.mean_loss(results, "a", 2e-3, [1, 2]) == float("inf")  # a seed diverged: never kept
 
 
 def test_rank_summary_on_matrices_of_known_singular_values():

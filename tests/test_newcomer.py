@@ -104,8 +104,10 @@ def test_an_mfu_above_100_percent_is_reported_as_a_measurement_problem(char_data
     monkeypatch.setattr(train, "matmul_peak", lambda *args, **kwargs: 1e6)
     train.train(train.resolve_config(tiny_args(char_dataset, str(tmp_path / "o"), max_iters=3, log_interval=1,
                                                quiet=False)))
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("iter ")]
-    assert lines and all("mfu ? (" in line and "busy machine" in line for line in lines), lines
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("iter ")]
+    assert lines and all(", mfu ?," in line for line in lines), lines  # the caveat itself is said once:
+    assert out.count("busy machine") == 1 and "no MFU figure: " in out
     assert not any(re.search(r"mfu [0-9.]+%", line) for line in lines)
 
 
@@ -134,8 +136,12 @@ def test_a_peak_measured_on_a_busy_machine_is_doubted_from_the_first_line(char_d
     monkeypatch.setattr(run_control, "matmul_flops_per_second", lambda *args, **kwargs: 5e10)
     train.train(train.resolve_config(tiny_args(char_dataset, str(tmp_path / "o"), max_iters=3, log_interval=1,
                                                quiet=False)))
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("iter ")]
-    assert lines and all("mfu ? (the matmul rate measured 0.001, then 0.050 TFLOP/s" in line for line in lines), lines
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("iter ")]
+    assert lines and all(", mfu ?," in line for line in lines), lines
+    assert out.count("the matmul rate measured 0.001, then 0.050 TFLOP/s") == 1  # said once, on its own line
+    first = out.splitlines().index(lines[0])
+    assert "the matmul rate measured 0.001" in out.splitlines()[first - 1]  # just before the first figure it spares
 
 
 def test_samples_say_what_trained_them_and_warn_when_untrained(char_dataset, tmp_path):
@@ -159,7 +165,8 @@ def test_samples_say_what_trained_them_and_warn_when_untrained(char_dataset, tmp
         sample = run_in(tmp_path, f"python sample.py --out_dir={out}", "--max_new_tokens=4", "--num_samples=1")
         assert sample.returncode == 0 and warning in sample.stdout.splitlines()[1], sample.stdout
     missing = run_in(tmp_path, "python sample.py --out_dir=out-gpt")
-    assert missing.returncode == 2 and "(here: --out_dir=o)" in missing.stderr, missing.stderr
+    assert missing.returncode == 2 and f"(looked in {tmp_path / 'out-gpt'})" in missing.stderr, missing.stderr
+    assert "runs there, the most trained first: --out_dir=o (4 iterations)" in missing.stderr, missing.stderr
     checkpoint["config"]["objective"] = "ul3"
     torch.save(checkpoint, path)
     wrong = run_in(tmp_path, f"python sample.py --out_dir={out}")
@@ -175,3 +182,40 @@ def test_prepare_says_what_the_special_tokens_are(tmp_path, capsys):
     load_prepare("shakespeare_char").prepare(str(source), str(tmp_path))
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert "106 special: [PAD] [EOS] [MASK], UL2's 3 mode tokens, 100 span sentinels <S0>..<S99>" in line, line
+
+
+def test_a_missing_checkpoint_points_at_the_most_trained_run(tmp_path, monkeypatch):
+    """No checkpoint where --out_dir says: the runs of that folder are offered by how far they trained (a Ctrl-C at
+    iteration 0 leaves an untrained ckpt.pt whose name may sort first), a near-miss of a name gets "did you mean",
+    and the message says which folder it looked in (a relative --out_dir is read from the current folder)."""
+    from infra.checkpoint import missing_checkpoint
+    for name, last in (("out-bert", 0), ("out-cpu-gpt", 2000), ("out-cpu-bert", 750)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "ckpt.pt").write_bytes(b"")
+        (tmp_path / name / "log.jsonl").write_text("".join(f'{{"iter": {i}, "loss": 1.0}}\n' for i in (0, last)))
+    monkeypatch.chdir(tmp_path)
+    line = missing_checkpoint(os.path.join("out-gpt", "ckpt.pt"))
+    assert f"(looked in {tmp_path / 'out-gpt'})" in line
+    assert line.endswith("the most trained first: --out_dir=out-cpu-gpt (2000 iterations), --out_dir=out-cpu-bert "
+                         "(750 iterations), --out_dir=out-bert (0 iterations)"), line
+    assert missing_checkpoint(os.path.join("out-cpu-gtp", "ckpt.pt")).endswith("did you mean --out_dir=out-cpu-gpt?")
+
+
+@pytest.mark.parametrize("script", ["train.py", "sample.py", "bench.py", "experiments/study.py",
+                                    "experiments/multiplier.py"])
+def test_help_and_a_mistyped_option_are_answered_before_torch_loads(script):
+    """--help lists each option with its default and the comment beside it in the file; an option the command
+    lacks is one line with the likely one, exit 2. Neither waits for torch (seconds on a busy laptop): the
+    interpreter's import log shows it was never imported."""
+    helped = subprocess.run([sys.executable, "-X", "importtime", script, "--help"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert helped.returncode == 0 and helped.stdout.startswith(f"usage: python {os.path.basename(script)}")
+    assert "# " in helped.stdout and "=" in helped.stdout  # defaults with their words
+    assert not re.search(r"\|\s+torch$", helped.stderr, re.M), "torch was imported for --help"
+    typo = subprocess.run([sys.executable, "-X", "importtime", script, "--seeed=3"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert typo.returncode == 2 and typo.stdout == ""
+    said = [line for line in typo.stderr.splitlines() if not line.startswith("import time:")]
+    hint = "did you mean --seed?" if script != "bench.py" else "run with --help to list the options"  # (no seed)
+    assert said == [f"{os.path.basename(script)}: error: unknown option --seeed: {hint}"], said
+    assert not re.search(r"\|\s+torch$", typo.stderr, re.M)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+pytestmark = pytest.mark.optional_packages
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 from infra import checkpoint
@@ -166,3 +167,36 @@ def test_a_resumed_run_that_stops_says_to_run_the_same_command(char_dataset, tmp
     stdout, stderr = process.communicate(timeout=60)
     assert process.returncode == 0, stderr
     assert "resume with the same command" in stdout and "plus --init_from=resume" not in stdout, stdout
+
+
+def test_the_time_left_holds_through_one_slow_stretch():
+    """The time left is the median of the recent log lines' speeds: a synthetic run at 50 ms/iter with one window
+    ten times slower (an evaluation, a busy moment) keeps its estimate within 10% of the true 50 ms/iter; a lasting
+    change of speed is followed within three lines, and said once."""
+    from infra.progress import RecentRate
+    speed = RecentRate()
+    windows = [0.05] * 6 + [0.5] + [0.05] * 4  # seconds per iteration, one log line each (10 iterations)
+    estimates = []
+    for seconds_per_iteration in windows:
+        speed.add(10 * seconds_per_iteration, 10)
+        estimates.append(speed.rate())
+        assert speed.changed() is None  # one outlier is not a change of speed
+    assert all(abs(e - 0.05) <= 0.005 for e in estimates[1:]), estimates  # the mean would jump to ~0.09
+    said = []
+    for _ in range(4):  # the machine becomes 3x slower for good
+        speed.add(1.5, 10)
+        said.append(speed.changed())
+    assert speed.rate() == pytest.approx(0.15)
+    assert [s is not None for s in said].count(True) == 1 and said[2] is not None  # on the 3rd slow line, once
+    assert said[2][0] == pytest.approx(0.05)
+
+
+def test_a_sampler_that_asks_whether_to_stop_also_says_how_far_it_is(capsys):
+    """sample.py's samplers ask `if stop:` once per step; that ask also counts the step and, every few seconds
+    (here every time), says on standard error how far the generation is: a slow one is never silent."""
+    from infra.progress import StopSignalsWithProgress
+    with StopSignalsWithProgress("stopping", "tokens of 3 sample(s)", 4, every=0.0) as stop:
+        asked = [bool(stop) for _ in range(4)]
+    assert asked == [False] * 4
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("tokens of 3 sample(s) 4/4, ") and err[-1].endswith("left"), err

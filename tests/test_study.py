@@ -24,13 +24,24 @@ def test_study_quick_runs_end_to_end(char_dataset, tmp_path):
     gpt, diffusion = data["models"]["gpt"]["seeds"][0], data["models"]["diffusion"]["seeds"][0]
     assert "elbo_bits" in diffusion and "both sides (exact Bayes)" in gpt["cloze"]
     assert (tmp_path / "study-quick.md").read_text().count("|") > 50
-    # the learning rate kept is the one of lowest validation loss on the model's own objective
+    # the learning rate kept is the one of lowest mean validation loss over the seeds on the model's own objective,
+    # every seed trained at every rate of the grid; a kept rate at the grid's edge added the rate beyond it
     for name, by_rate in data["sweep"].items():
-        assert set(by_rate) == {f"{r:g}" for r in quick["learning_rates"]}
-        best = min(by_rate, key=lambda r: by_rate[r]["val_loss"])
+        assert {f"{r:g}" for r in quick["learning_rates"]} <= set(by_rate) == {f"{r:g}" for r in
+                                                                              data["learning_rates"][name]}
+        assert all(len(cell["val_loss"]) == quick["seeds"] for cell in by_rate.values())
+        best = min(by_rate, key=lambda r: np.mean(by_rate[r]["val_loss"]))
         assert f"{data['chosen_learning_rate'][name]:g}" == best
-        if name in data["models"]:  # bert-100%-mask is the C2 ablation, not a row of the main table
-            assert f"{data['models'][name]['learning_rate']:g}" == best
+        assert f"{data['models'][name]['learning_rate']:g}" == best
+        assert [run["val_loss"] for run in data["models"][name]["seeds"]] == by_rate[best]["val_loss"]
+        grid = sorted(data["learning_rates"][name])
+        if len(grid) == len(quick["learning_rates"]):  # not extended: its rate was inside the first grid
+            assert grid[0] < float(best) < grid[-1]
+    # the positive control of every run: from the data's character frequencies, applied to its own val loss
+    control = data["plateau_control"]
+    assert control["threshold"] == pytest.approx(control["character_frequencies_nats"] - study.PLATEAU_MARGIN)
+    for model in data["models"].values():
+        assert all(run["past_plateau"] == (run["val_loss"] <= control["threshold"]) for run in model["seeds"])
     # the budget sweep and the C2 ablation: each share of the budget really spent (within one step)
     for name, by_share in data["budget"].items():
         for share, runs in by_share.items():
@@ -45,6 +56,7 @@ def test_study_quick_runs_end_to_end(char_dataset, tmp_path):
         for folder, seed in ((f"quick-{name}", 1337), (f"quick-seed1338-{name}", 1338)):
             saved = torch.load(tmp_path / "checkpoints" / folder / "ckpt.pt", map_location="cpu", weights_only=False)
             assert (saved["config"]["learning_rate"], saved["config"]["seed"]) == (model["learning_rate"], seed)
+            assert saved["config"]["position"] == quick["position"] == "rope"
     # the study's own arithmetic, true whatever the barely trained quick models learned: uniform attention's ranks
     # (bidirectional: one distinct row, rank 1; causal: triangular, full rank) and the NoPE baselines' values
     base = data["attention_rank_baselines"][0]
@@ -64,6 +76,23 @@ def test_study_quick_runs_end_to_end(char_dataset, tmp_path):
     assert len(nope["causal, NoPE"]) == quick["seeds"]  # one accuracy per seed
     assert nope["chance (a random digit)"] == [0.1] * quick["seeds"]
     assert all(0.28 < v < 0.32 for v in nope["order-blind best (the most frequent digit of the input)"])
+
+    # the compute multiplier on the study's runs: those it shares with the study are reused, not retrained
+    multiplied = run_script("experiments/multiplier.py", "--quick", f"--dataset={char_dataset}",
+                            f"--out_dir={tmp_path}")
+    assert multiplied.returncode == 0, multiplied.stderr[-3000:]
+    result = json.loads((tmp_path / "multiplier-quick.json").read_text())
+    shared = 3 * quick["seeds"] * (1 + len(quick["budget_fractions"]))  # gpt, bert, diffusion at 0.5 and 1 x
+    assert result["reused"] == shared and result["runs"] == shared + 2 * quick["seeds"]  # bert, diffusion at 1.5 x
+    assert result["learning_rates"] == {name: data["chosen_learning_rate"][name] for name in ("gpt", "bert",
+                                                                                              "diffusion")}
+    for name in ("gpt", "bert", "diffusion"):  # the reused 1 x runs score as the study scored them
+        ours = sorted((run["seed"], run["bits"]) for run in result["runs_by_multiple"][name]["1"])
+        assert ours == sorted((run["seed"], pytest.approx(run["second_half_bits_per_char"], rel=1e-6))
+                              for run in data["models"][name]["seeds"])
+    diffusion = result["multipliers"][0]
+    assert diffusion["model"] == "diffusion" and diffusion["target"] == pytest.approx(
+        np.mean([run["bits"] for run in result["runs_by_multiple"]["gpt"]["1"]]))
 
     # --reuse=True after a stop: every finished run is loaded, not retrained, and scores the same
     again = run_script("experiments/study.py", "--quick", f"--dataset={char_dataset}", f"--out_dir={tmp_path}", "--reuse=True",
@@ -139,3 +168,17 @@ def test_position_blind_baselines_are_what_their_rules_score():
               .item()}
     for rule, value in stated.items():
         assert abs(played[rule] - value) < 0.01, (rule, played[rule], value)  # 20,000 examples: ~0.3% sampling error
+
+
+def test_the_multiplier_interpolates_in_log_flops():
+    """A hand-made curve: 4.0, 3.0, 2.0 bits at 1, 2, 4 x. The target 2.5 lies halfway between 2 and 4 x in
+    log2, so at 2 ** 1.5 x; a target reached at the first budget is that budget; one never reached is None."""
+    from experiments.multiplier import crossing
+    assert crossing([1, 2, 4], [4.0, 3.0, 2.0], 2.5, lower_is_better=True) == pytest.approx(2 ** 1.5)
+    assert crossing([1, 2, 4], [4.0, 3.0, 2.0], 3.0, lower_is_better=True) == pytest.approx(2.0)
+    assert crossing([1, 2, 4], [4.0, 3.0, 2.0], 4.5, lower_is_better=True) == 1
+    assert crossing([1, 2, 4], [4.0, 3.0, 2.0], 1.0, lower_is_better=True) is None
+    # accuracy: higher is better; 0.4 -> 0.6 between 0.25 and 1 x, the target 0.5 at 0.5 x (halfway in log)
+    assert crossing([0.25, 1], [0.4, 0.6], 0.5, lower_is_better=False) == pytest.approx(0.5)
+    # not monotone: the first budget that reaches it counts, not the last
+    assert crossing([1, 2, 4, 8], [3.0, 2.0, 2.6, 1.0], 2.5, lower_is_better=True) == pytest.approx(2 ** (0.5))

@@ -1,0 +1,176 @@
+"""
+Question: why did bert and masked diffusion sit on the character-frequency plateau in the equal-compute study
+(their validation loss near what character frequencies alone give, for most or all of the budget) while gpt
+learned, and what moves them off it? A model compared there must first have learned (the study's positive
+control), so the study's recipe is chosen from what this finds.
+
+    python experiments/plateau.py --jobs=2    # 11 variants at the study's shape and budget, 17 runs (the position
+                                              # contrasts 2 seeds, the one-off changes 1): MINUTES
+                                              # -> results/study/plateau-cpu.{md,json,png}
+    python experiments/plateau.py --quick     # a smoke run in seconds (the test suite runs it) -> out-quick/
+
+Every variant trains at the study's CPU shape (4 layers x 128, block 64, batch 12) to the study's FLOPs budget
+(2,000 gpt iterations), evaluated every 100 iterations (its own objective's validation loss, the same windows each
+time). One thing changes at a time from the old recipe (learned positions, rate 1e-3 with 100 warmup iterations):
+  - the learning rate (4e-3, the rate the old study kept for bert from one seed) and a longer warmup (500);
+  - the batch (48: four times the windows a step, a quarter of the steps at equal FLOPs);
+  - the position encoding: learned (a table the model must train), rotary (relative position in every attention
+    score from the first step), none (NoPE: a bidirectional stack without positions is blind to order for good:
+    the negative control, which can never use more than which characters occur);
+  - for diffusion and t5 the same learned/rotary pair; gpt with learned positions as the reference (its causal
+    mask tells each position how many came before it, claim D5).
+Not varied: the initialisation (GPT-2's N(0, 0.02), residual projections scaled down) and diffusion's time
+sampler, which is already stratified over the batch (MDLM's low-discrepancy sampler, objectives.diffusion).
+A run leaves the plateau at the first evaluation where its validation loss is at least 0.3 nats under what
+character frequencies give (study.plateau_control, computed from the data); the table gives that iteration per
+seed ("never" when it did not by the end) and the final loss.
+"""
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/plateau.py
+import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while it loads ends quietly)
+
+import objectives
+from experiments.equal_compute import machine_line, resolve_experiment, train_all
+from experiments.study import SCALES as STUDY_SCALES
+from experiments.study import plateau_control
+from experiments.study_report import plus_minus
+from infra.configurator import QUICK_NOTE, run_main
+from infra.dataset import load_dataset
+from infra.progress import format_duration, format_flops, write_atomically
+from infra.plots import pyplot
+
+DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/study",
+                seed=1337, quiet=True, reuse=False,  # reuse=True: load runs finished earlier with the same settings
+                jobs=1)  # how many runs train at once (processes, one per core)
+SCALES = {"cpu": dict(STUDY_SCALES["cpu"], seeds=2, eval_every=100),
+          "gpu": dict(STUDY_SCALES["gpu"], seeds=2, eval_every=250),
+          "quick": dict(STUDY_SCALES["quick"], seeds=2, eval_every=5)}
+OLD = dict(position="learned", learning_rate=1e-3, min_lr=1e-4)  # the recipe every variant changes one thing of
+VARIANTS = [  # name, arch, objective, settings, seeds (the contrasts every seed, one-off changes the first seed)
+    ("gpt, learned positions", "gpt", "clm", OLD, 1),
+    ("bert, learned positions", "bert", "mlm", OLD, 2),
+    ("bert, rotary positions", "bert", "mlm", dict(OLD, position="rope"), 2),
+    ("diffusion, learned positions", "bert", "diffusion", OLD, 2),
+    ("diffusion, rotary positions", "bert", "diffusion", dict(OLD, position="rope"), 2),
+    ("t5, learned positions", "t5", "span_corruption", OLD, 2),
+    ("t5, rotary positions", "t5", "span_corruption", dict(OLD, position="rope"), 2),
+    ("bert, learned, rate 4e-3", "bert", "mlm", dict(OLD, learning_rate=4e-3, min_lr=4e-4), 1),
+    ("bert, learned, warmup 500", "bert", "mlm", dict(OLD, warmup_iters=500), 1),
+    ("bert, learned, batch 48", "bert", "mlm", dict(OLD, batch_size=48), 1),
+    ("bert, no positions", "bert", "mlm", dict(OLD, position="none"), 1),
+]
+
+
+def curve(out_dir):
+    """[(iteration, validation loss)] of a finished run, from its log.jsonl (train.py writes one line per
+    evaluation)."""
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    return [(r["iter"], r["val_loss"]) for r in records if "val_loss" in r]
+
+
+def left_plateau(points, threshold):
+    """The first iteration whose validation loss is at or under the control's threshold; None if none is."""
+    return next((it for it, loss in points if loss <= threshold), None)
+
+
+def report(data, s):
+    control = data["plateau_control"]
+    lines = [QUICK_NOTE, ""] if data["scale"] == "quick" else []
+    lines += [f"Leaving the character-frequency plateau, scale `{data['scale']}` ({s['n_layer']} layers x "
+              f"{s['n_embd']} dims, block {s['block_size']}, batch {s['batch_size']} unless the variant says), each "
+              f"run to {format_flops(data['budget_flops'])} ({s['gpt_iters']} gpt iterations), evaluated every "
+              f"{s['eval_every']} iterations; seeds {', '.join(map(str, data['seeds']))}; on {data['machine']}; "
+              f"{data['seconds'] / 60:.1f} min. Control: own validation loss <= {control['threshold']:.3f} nats "
+              f"(character frequencies give {control['character_frequencies_nats']:.3f}; margin "
+              f"{control['margin']:g}). 'left at' is the first evaluation under it, per seed, as a share of the "
+              f"run's iterations (never: not by the end); 'final' is the validation loss at the end, mean +- std.",
+              "", "| variant | objective | left the plateau at (per seed) | final val loss | past the control |",
+              "|---|---|---|---|---|"]
+    for name, runs in data["variants"].items():
+        if not runs:
+            continue
+        at = ", ".join("never" if run["left_at"] is None else f"{run['left_at']} ({run['left_at'] / run['iterations']:.0%})"
+                       for run in runs)
+        final = [run["val_loss"] for run in runs]
+        passed = sum(loss <= control["threshold"] for loss in final)
+        lines.append(f"| {name} | {runs[0]['objective']} | {at} | {plus_minus(final)} | {passed}/{len(runs)} |")
+    if data.get("interrupted"):
+        lines += ["", "**Interrupted: the seeds above are the ones that finished.**"]
+    return lines
+
+
+def plot(data, path):
+    """Validation loss against the share of the budget, one panel per model, every seed a line."""
+    plt = pyplot()
+    if plt is None:
+        return
+    panels = ["bert", "diffusion", "t5", "gpt"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(18, 4.5), sharey=True)
+    control = data["plateau_control"]
+    for axis, panel in zip(axes, panels):
+        for number, (name, runs) in enumerate((n, r) for n, r in data["variants"].items() if n.startswith(panel)):
+            for k, run in enumerate(runs):
+                share = [it / run["iterations"] for it, _ in run["curve"]]
+                axis.plot(share, [loss for _, loss in run["curve"]], color=f"C{number}", alpha=0.9 - 0.3 * k,
+                          label=name if k == 0 else None)
+        axis.axhline(control["character_frequencies_nats"], color="grey", linestyle="--",
+                     label="character frequencies")
+        axis.axhline(control["threshold"], color="grey", linestyle=":", label="the control")
+        axis.set_title(panel)
+        axis.set_xlabel("share of the FLOPs budget")
+        axis.set_ylim(1.2, 4.0)
+        axis.legend(fontsize=7)
+    axes[0].set_ylabel("validation loss, own objective (nats)")
+    fig.suptitle(f"Leaving the plateau, scale {data['scale']}, every seed a line")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    config, scale, device = resolve_experiment(DEFAULTS, SCALES, "plateau")
+    s = SCALES[scale]
+    t0 = time.perf_counter()
+    splits, meta = load_dataset(config["dataset"], s["block_size"], prepare_if_missing=True)
+    control = plateau_control(splits["train"], splits["val"], objectives.Specials.from_meta(meta).num_ordinary)
+    work = os.path.join(config["out_dir"], "checkpoints", f"plateau-{scale}")
+    data = {"scale": scale, "plateau_control": control, "variants": {v[0]: [] for v in VARIANTS}, "seeds": []}
+    interrupted = False
+    for number, seed in enumerate(config["seed"] + k for k in range(s["seeds"])):
+        models = [(name, arch, objective, dict(settings, eval_interval=s["eval_every"]))
+                  for name, arch, objective, settings, seeds in VARIANTS if number < seeds]
+        print(f"[plateau] seed {seed} ({number + 1}/{s['seeds']}): {len(models)} variants, "
+              f"{format_duration(time.perf_counter() - t0)} so far", flush=True)
+        trained, budget = train_all(models, s, config["dataset"], os.path.join(work, f"seed{seed}"), device, meta,
+                                    seed, config["quiet"], reuse=config["reuse"], jobs=config["jobs"])
+        data["budget_flops"] = budget
+        if trained is None:
+            interrupted = True
+            break
+        for name, result in trained.items():
+            points = curve(result["out_dir"])
+            data["variants"][name].append({"seed": seed, "objective": result["objective"], "curve": points,
+                                           "iterations": result["iter_num"], "val_loss": result["val_loss"],
+                                           "left_at": left_plateau(points, control["threshold"])})
+        data["seeds"].append(seed)
+    if not data["seeds"]:
+        raise KeyboardInterrupt  # nothing finished: nothing is written (run_main says what is kept)
+    data.update(machine=machine_line(device, config), seconds=time.perf_counter() - t0, interrupted=interrupted)
+    text = "\n".join(report(data, s))
+    print("\n" + text)
+    base = os.path.join(config["out_dir"], f"plateau-{scale}" + ("-partial" if interrupted else ""))  # never
+    # over a whole result
+    write_atomically(base + ".md", text + "\n", base + ".json", json.dumps(data, indent=1))
+    plot(data, base + ".png")
+    print(f"wrote {base}.md, .json and .png", flush=True)
+    if interrupted:
+        raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    run_main(main, interrupted="the runs finished so far are kept: the same command with --reuse=True goes on "
+                              "from them")
