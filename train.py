@@ -53,7 +53,7 @@ DEFAULTS = dict(
     init_from="scratch",        # scratch | resume (from out_dir/ckpt.pt) | gpt2, gpt2-medium, ... (infra/pretrained.py)
     preset="",                  # a model *shape* from model.PRESETS (gpt2, bert-base, t5-small, cpu-*): it sets the
                                 # layers/heads/dims/block (winning over those keys); --arch still picks the architecture
-    # model
+    # model: layers (t5: of its encoder; n_decoder_layer 0 = as many), heads, width, context length in tokens
     n_layer=6, n_decoder_layer=0, n_head=6, n_embd=384, block_size=256, dropout=0.2, bias=False,
     position="learned",         # learned | rope | none (NoPE, claim D5)
     # objective settings (the others keep the published values: objectives.py)
@@ -227,7 +227,8 @@ def prepare(config):
     peak_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
     peak_flops = matmul_peak(device, peak_dtype)
     log(f"{describe(raw_model)}; objective {config['objective']}; device {device} ({dtype}); "
-        f"measured matmul peak {peak_flops / 1e12:.3f} TFLOP/s", flush=True)
+        f"measured matmul peak {peak_flops / 1e12:.3f} TFLOP/s (this machine's rate now, what MFU is measured "
+        f"against; checked again at the first log line)", flush=True)
     end_iter = iter_num + planned_iterations(config, raw_model, splits, specials, iter_num)
     return SimpleNamespace(processes=processes, device=device, log=log, micro_steps=micro_steps, splits=splits,
                            meta=meta, specials=specials, autocast=autocast, raw_model=raw_model, model=model,

@@ -512,7 +512,7 @@ def plot(data, path):
 
 
 def main():
-    config, scale, device = resolve_experiment(DEFAULTS, SCALES, "encoders")
+    config, scale, device = resolve_experiment(DEFAULTS, SCALES, "encoders", ())  # its files: checked below
     if not config["study_dir"]:
         raise UserError(f"--study_dir is empty: name the folder whose study checkpoints are read (the default is "
                         f"{DEFAULTS['study_dir']})")
@@ -541,7 +541,8 @@ def main():
     study_dir = output_folder({"quick": config["quick"], "out_dir": config["study_dir"]},
                               {"out_dir": DEFAULTS["study_dir"]})  # --quick: the quick study's, in out-quick/
     began = time.time()
-    folders, identities = study_backbones(dict(config, out_dir=study_dir), s["study_scale"], device, seeds)
+    folders, identities = study_backbones(dict(config, out_dir=study_dir), s["study_scale"], device, seeds,
+                                          "--study_dir")
     pretrained_now = any(v["written"] >= int(began) for v in identities.values())  # else --jobs shared nothing
     data = {"scale": scale, "settings": s, "parts": parts, "steps_multiple": multiple, "seeds": seeds,
             "machine": machine_line(device, config, runs=None if pretrained_now else 1), "checkpoints": identities, "cells": [], "rules": rules(task),
@@ -565,7 +566,11 @@ def main():
                 result = run_one(part, backbone, how, task, s, seed, stop)
                 data["cells"].append({"part": part, "reader": f"{model} ({how})", "seed": seed, **result})
     except KeyboardInterrupt:
-        print(f"interrupted: {len(data['cells'])} of {len(plan)} cells done; they are written", flush=True)
+        if not data["cells"]:
+            raise  # nothing finished, nothing written (run_main: status 130, what is kept)
+        name += "-partial"  # never over the whole result a complete run wrote
+        print(f"interrupted: {len(data['cells'])} of {len(plan)} cells done; they are written to {name}.*",
+              flush=True)
         data["notes"] = [f"**Interrupted: {len(data['cells'])} of {len(plan)} cells done; a reader's rows may hold "
                          f"fewer seeds than the header names.**"]
     data["controls"] = controls(data)

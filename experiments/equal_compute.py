@@ -10,7 +10,7 @@ tagging.py, epochs.py and finetune.py build on it.
     train_in_processes(runs, jobs)     train_all's runs in `jobs` processes at once (--jobs=N, one per core),
                                        each on its share of the threads
     machine_line(device, config)       the machine a result file names, and how its training runs shared it
-    resolve_experiment(...)            overrides, scale (--quick wins), device, result files checked writable
+    resolve_experiment(...)            overrides, scale (--quick or --scale, not both), device, result files checked
 
 Why equal FLOPs and not equal iterations: an iteration of bert reads 15% of its positions and one of t5 runs two
 stacks, so equal iterations would hand one objective more compute than another (claim C1 is about exactly that).
@@ -47,7 +47,7 @@ from model import ModelConfig, Transformer
 
 
 def resolve_experiment(defaults, scales, name, extensions=(".md", ".json", ".png")):
-    """The common start of the experiments: overrides, the scale (--quick wins), seed and device, and the result
+    """The common start of the experiments: overrides, the scale (--quick or --scale), seed and device, and the result
     files (out_dir/<name>-<scale><extension>) checked writable before any work."""
     config = apply_overrides(defaults, sys.argv[1:])
     config["out_dir"] = output_folder(config, defaults)
@@ -55,6 +55,8 @@ def resolve_experiment(defaults, scales, name, extensions=(".md", ".json", ".png
     if config["scale"] not in scales or config["scale"] == "quick":  # checked even where --quick wins over it
         raise UserError(f"unknown --scale={config['scale']}: {', '.join(k for k in scales if k != 'quick')} "
                         f"(or --quick)")
+    if config["quick"] and config["scale"] != defaults["scale"]:  # (not silently the quick scale)
+        raise UserError(f"--quick runs the smoke scale, not --scale={config['scale']}: give one of the two")
     scale = "quick" if config["quick"] else config["scale"]
     last_seed = config["seed"] + scales[scale].get("seeds", 1) - 1  # every seed is checked now, not when it comes
     if last_seed >= 2 ** 32:

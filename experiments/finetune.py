@@ -41,7 +41,8 @@ from infra.checkpoint import load_checkpoint, load_model
 from infra.configurator import QUICK_NOTE, UserError, apply_overrides, check_seed, output_folder, pick_device, run_main
 from infra.dataset import load_dataset
 from infra.progress import StopSignals, check_writable, format_duration, write_atomically
-from experiments.equal_compute import check_jobs, flops_budget, machine_line, train_all
+from experiments.equal_compute import check_jobs, equal_flops_config, flops_budget, machine_line, train_all
+from infra.train_config import MODEL_KEYS
 from experiments.study_report import mean_std
 from experiments.tasks import CANDIDATES, TASKS, baselines, classification_scores, make_task, read_texts, retrieval_scores
 from infra.plots import pyplot
@@ -259,11 +260,25 @@ READERS = [("gpt", "last"), ("gpt", "mean"), ("bert", "mean"), ("prefixlm", "mea
            ("diffusion", "mean")]  # (study model, pooling)
 
 
-def study_backbones(config, scale, device, seeds):
+def checkpoint_differs(checkpoint, run, s, dataset, device, meta, budget):
+    """What makes a checkpoint found in the study's folder not the study's run `run` (an entry of train_all):
+    its arch, objective, shape, position encoding, seed or learning rate differ from what that run trains with, or
+    it has not spent the FLOPs budget. Returns the differences as text ("" if it is the run)."""
+    expected = equal_flops_config(run, 1.0, s, dataset, "", device, meta, run[3]["seed"], True, budget)
+    keys = MODEL_KEYS + ("objective", "seed", "learning_rate")
+    differ = [f"{key}={checkpoint['config'].get(key)!r}, not {expected[key]!r}" for key in keys
+              if checkpoint["config"].get(key) != expected[key]]
+    if checkpoint["flops_done"] < budget:
+        differ.append(f"{checkpoint['flops_done']:.3g} FLOPs of its budget's {budget:.3g}")
+    return "; ".join(differ)
+
+
+def study_backbones(config, scale, device, seeds, option="--out_dir"):
     """The study's equal-FLOPs checkpoints of gpt, bert, prefixlm, t5 and diffusion, one pretraining run per seed
     (study.py's folders: <prefix>-<name> for the first seed, <prefix>-seed<seed>-<name> for the others): reused
     when study.py (or an earlier --study) left them finished in out_dir/checkpoints, else trained now with
-    study.py's own code at the learning rates its sweep chose. Returns ({(name, seed): folder}, identities)."""
+    study.py's own code at the learning rates its sweep chose. option: the caller's name for config["out_dir"] (a
+    folder that cannot be written is one line naming it). Returns ({(name, seed): folder}, identities)."""
     from experiments import study  # its scales and models; imported here, only --study needs them
     s = study.SCALES[scale]
     _, meta = load_dataset(config["dataset"], s["block_size"], prepare_if_missing=True)
@@ -275,18 +290,28 @@ def study_backbones(config, scale, device, seeds):
     study_json = os.path.join(config["out_dir"], f"study-{scale}.json")  # the rates study.py's sweep chose
     rates = {}
     if os.path.exists(study_json):
-        with open(study_json) as f:
-            rates = json.load(f).get("chosen_learning_rate", {})
+        try:
+            with open(study_json) as f:
+                rates = json.load(f).get("chosen_learning_rate", {})
+            rates = {name: float(rate) for name, rate in rates.items()}
+        except (OSError, ValueError, TypeError, AttributeError) as e:
+            raise UserError(f"{study_json} is damaged ({type(e).__name__}): it names the learning rates the study "
+                            f"chose; run python experiments/study.py again, or delete it (the study's pretraining "
+                            f"then uses rate 1e-3)") from None
     missing = []
     for name, arch, objective, extra in wanted:
         for seed in seeds:
             path = os.path.join(folders[(name, seed)], "ckpt.pt")
-            if os.path.exists(path) and load_checkpoint(path)["flops_done"] >= budget:
-                continue
             rate = dict(learning_rate=rates[name], min_lr=rates[name] / 10) if name in rates else {}
-            missing.append((f"{name}, seed {seed}", arch, objective,
-                            dict(extra, **rate, seed=seed, out_dir=folders[(name, seed)])))
+            run = (f"{name}, seed {seed}", arch, objective, dict(extra, **rate, seed=seed, out_dir=folders[(name, seed)]))
+            if os.path.exists(path):
+                differ = checkpoint_differs(load_checkpoint(path), run, s, config["dataset"], device, meta, budget)
+                if not differ:
+                    continue
+                print(f"[finetune study] not reusing {path}: it holds {differ}; it trains again", flush=True)
+            missing.append(run)
     if missing:
+        check_writable([os.path.join(config["out_dir"], "checkpoints", "ckpt.pt")], option)  # (a trial write)
         print(f"[finetune study] pretraining {len(missing)} runs at equal FLOPs (study.py, scale {scale}; learning "
               f"rates " + (f"from {study_json}" if rates else "1e-3: study.py has not chosen them")
               + f"); the others are reused from {prefix}-*", flush=True)

@@ -73,6 +73,25 @@ def run_main(main, interrupted="nothing written"):
         sys.stdout = original_stdout
 
 
+def run_demo(demo):
+    """`python <chapter file>.py`: the file's demo, under run_main (| head ends quietly, closed or full standard
+    output is one line, Ctrl-C 130). The demos take no arguments: --help prints the first paragraph of the file's
+    docstring, anything else is refused in one line, exit 2."""
+    prog = os.path.basename(sys.argv[0])
+
+    def main():
+        args = sys.argv[1:]
+        if args in (["-h"], ["--help"]):
+            doc = (sys.modules["__main__"].__doc__ or "").strip().split("\n\n")[0]
+            print(f"usage: python {prog} (no options: it runs the file's demo)\n{doc}")
+            return
+        if args:
+            raise UserError(f"no arguments expected (got {' '.join(args)}): python {prog} runs its demo, "
+                            f"python {prog} --help says what it shows")
+        demo()
+    run_main(main)
+
+
 def _terminate(signum, frame):
     raise KeyboardInterrupt
 

@@ -27,6 +27,18 @@ def options_block(path):
     return None, None
 
 
+COMMON = {  # options many commands share: said once here rather than beside every DEFAULTS
+    "scale": "which sizes (SCALES in the file): cpu (a 2-core laptop's minutes) or gpu",
+    "quick": "True: a smoke run in seconds, written to out-quick/ (its numbers mean nothing)",
+    "device": "auto | cpu | cuda | cuda:N | mps",
+    "dataset": "a folder of data/ (prepared on first use) or a path to one holding train.bin, val.bin, meta.pkl",
+    "out_dir": "where the results (or the checkpoint) go",
+    "seed": "the first seed; a command with several seeds uses the ones after it",
+    "jobs": "how many training runs at once, one process each (the cores the machine has)",
+    "reuse": "True: runs finished earlier with the same settings are loaded, not retrained",
+}
+
+
 def help_text(path, keys_shown=None):
     """What --help prints: how to call the command, then its options as its file defines them."""
     lines, keys = options_block(path)
@@ -41,7 +53,9 @@ def help_text(path, keys_shown=None):
     body = [line for line in lines if line.strip()]
     indent = min((len(line) - len(line.lstrip()) for line in body[1:] if line.strip()), default=0)
     body = [body[0].strip()] + [line[indent:] for line in body[1:]] if body else []
-    return head + "\n" + "\n".join("  " + line for line in body)
+    common = [f"  --{key}: {words}" for key, words in COMMON.items() if key in keys]
+    return head + "\n" + "\n".join("  " + line for line in body) + ("\nshared by several commands:\n" +
+                                                                   "\n".join(common) if common else "")
 
 
 def answer_at_once(argv, path):

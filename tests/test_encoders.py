@@ -509,3 +509,35 @@ def test_the_price_times_what_its_columns_name(quick_task, monkeypatch):
     query = task["eval_lines"][0]
     assert len(cross_all) == len(docs) and all(t.startswith(query + "\n") for t in cross_all)
     assert bi_all == [query] and timed[1] == [query]
+
+
+@pytest.mark.parametrize("stop_at", [0, 3])
+def test_a_stop_never_replaces_a_whole_result(char_dataset, tmp_path, monkeypatch, stop_at):
+    """A stop before any cell finished writes nothing (status 130); a stop later writes what finished beside the
+    whole result (-partial), never over it."""
+    import sys
+    folders = {(model, 1337): f"run-{model}" for model in ("gpt", "bert", "prefixlm", "t5", "diffusion")}
+    monkeypatch.setattr(encoders, "study_backbones", lambda *args: (folders, {
+        f"{model}, seed 1337": {"final_val_loss": 2.0, "written": 0} for model, _ in folders}))
+    monkeypatch.setattr(encoders, "Backbone", lambda folder, device: None)
+    cells = []
+
+    def one(part, backbone, how, task, s, seed, stop):
+        if len(cells) == stop_at:
+            raise KeyboardInterrupt
+        cells.append(part)
+        return {"balanced accuracy": 0.5, "equal pairs": 1, "pairs": 1, "median difference": 0.0}
+    monkeypatch.setattr(encoders, "run_one", one)
+    whole = tmp_path / "encoders-quick-probe.md"
+    whole.write_text("a complete run's table\n")
+    monkeypatch.setattr(sys, "argv", ["encoders.py", "--quick", f"--out_dir={tmp_path}", f"--dataset={char_dataset}",
+                                      "--parts=probe"])
+    if stop_at == 0:
+        with pytest.raises(KeyboardInterrupt):
+            encoders.main()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["encoders-quick-probe.md"]
+    else:
+        encoders.main()
+        assert (tmp_path / "encoders-quick-probe-partial.json").exists()
+        assert len(json.loads((tmp_path / "encoders-quick-probe-partial.json").read_text())["cells"]) == stop_at
+    assert whole.read_text() == "a complete run's table\n"

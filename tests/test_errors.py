@@ -433,3 +433,9 @@ def test_an_empty_tokenizer_name_is_refused_as_such(tmp_path):
     text.write_text("To be, or not to be.\n" * 50)
     print(assert_clean_failure(run_script("data/shakespeare/prepare.py", f"--input={text}", "--tokenizer="),
                                "--tokenizer is empty"))
+
+
+def test_quick_and_another_scale_together_are_refused():
+    result = run_script("experiments/encoders.py", "--quick", "--scale=gpu")
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        "encoders.py: error: --quick runs the smoke scale, not --scale=gpu: give one of the two"]

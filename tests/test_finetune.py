@@ -206,3 +206,24 @@ def test_the_sampling_error_of_a_balanced_accuracy_weighs_each_class_by_its_own_
     by_hand = 1.96 * (p * (1 - p) * (1 / 113 + 1 / 15 + 1 / 25 + 1 / 23 + 1 / 52 + 1 / 49 + 1 / 27)) ** 0.5 / 7
     assert abs(sampling_error(p, 304, counts) - by_hand) < 1e-12 and round(100 * by_hand, 1) == 4.8
     assert abs(sampling_error(0.5, 100) - 1.96 * 0.05) < 1e-12  # an accuracy: the binomial
+
+
+def test_a_checkpoint_in_the_study_folder_is_reused_only_if_it_is_that_run(char_dataset):
+    """finetune.py --study and encoders.py reuse the study's checkpoints: one whose arch, objective, shape,
+    position encoding, seed or rate is not the run's (another arch's ckpt.pt copied there, a 16-wide train.py run,
+    a checkpoint of the study's earlier learned-position recipe), or that has not spent its budget, trains again."""
+    from experiments import finetune, study
+    from experiments.equal_compute import equal_flops_config, flops_budget
+    from infra.dataset import load_dataset
+    s = study.SCALES["quick"]
+    _, meta = load_dataset(char_dataset, s["block_size"], False)
+    budget = flops_budget(s, meta)
+    run = ("gpt, seed 1337", "gpt", "clm", dict(learning_rate=2e-3, min_lr=2e-4, seed=1337, out_dir="unused"))
+    expected = equal_flops_config(run, 1.0, s, char_dataset, "", "cpu", meta, 1337, True, budget)
+    differs = lambda config, flops=budget: finetune.checkpoint_differs(  # noqa: E731
+        {"config": config, "flops_done": flops}, run, s, char_dataset, "cpu", meta, budget)
+    assert differs(dict(expected)) == ""
+    for key, value in (("arch", "bert"), ("objective", "mlm"), ("n_embd", 16), ("n_head", 1), ("position", "learned"),
+                       ("seed", 1338), ("learning_rate", 1e-3)):
+        assert differs(dict(expected, **{key: value})).startswith(f"{key}={value!r}"), key
+    assert "FLOPs of its budget" in differs(dict(expected), budget / 2)
