@@ -9,9 +9,10 @@ Generate from a checkpoint written by train.py.
 
 gpt, prefixlm and t5 decode left to right with a KV cache (kvcache.py): `generate`, against its plain reference
 `generate_uncached` (the whole context again for every token; both write identical tokens). bert cannot (claim
-D4): its conditionals do not chain into a left-to-right density (claim C4), so it fills [MASK] placeholders by
-iterative unmasking (`unmask`, `iterative_unmask`), which is also the sampler of a masked-diffusion model
-(--objective=diffusion). Read top to bottom: one token from logits, the left-to-right samplers, the unmasking
+D4). Its conditionals can be chained in any order, and each order gives a normalised distribution (python
+objectives.py chains two), but the orders disagree: they belong to no single joint (claim C4), so there is no one
+p(x) to sample left to right. bert fills [MASK] placeholders by iterative unmasking instead (`unmask`,
+`iterative_unmask`), which is also the sampler of a masked-diffusion model (--objective=diffusion). Read top to bottom: one token from logits, the left-to-right samplers, the unmasking
 samplers, then the command. Every run prints the text, the number of forward passes and the decode speed.
 """
 import contextlib
@@ -409,6 +410,8 @@ def main():
         print(f"interrupted after {passes} passes: the [MASK]s shown were not filled")
     elif stop:
         print(f"interrupted: {made} of {max_new_tokens} new tokens generated; the rest were not")
+    if stop:
+        sys.exit(130)  # a stop, after printing what it had: every command's stop status (docs/reliability.md)
 
 
 if __name__ == "__main__":

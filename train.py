@@ -321,9 +321,11 @@ def train(config):
 def train_reporting_errors(config, ddp):
     """train(config), its expected failures turned into one line and an exit status (SystemExit)."""
     try:
-        train(config)
+        summary = train(config)
         if ddp:  # leave together: gloo aborts (SIGABRT) a process whose peer tears down while it still talks
             torch.distributed.barrier()
+        if summary["interrupted"]:  # a stop: saved, and said how to resume; every command's stop status
+            sys.exit(130)
     except (TrainingDiverged, CheckpointWriteFailed) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(1)

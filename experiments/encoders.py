@@ -577,6 +577,8 @@ def main():
     data["seconds"] = time.perf_counter() - t0
     write_results(config["out_dir"], name, data, report(data, s, scale))
     plot(data, os.path.join(config["out_dir"], name + ".png"))
+    if "notes" in data:  # stopped: what finished is written; the status says it was a stop
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -291,6 +291,7 @@ def main():
                                                                  specials.num_ordinary)}
     os.makedirs(config["out_dir"], exist_ok=True)
     timings, number = [], 0  # (epochs, seconds) of this invocation's runs, for the time left
+    stopped = False
     try:
         with StopSignals(immediate=True):  # train.train catches the first signal itself and saves; see below
             while todo:
@@ -314,6 +315,7 @@ def main():
         data["not_done"] = [f"{p[0][0]} x{p[1]} seed {p[2]}" for p in plan_runs(s, runs, config["seed"])]
         print(f"interrupted: {len(runs)} runs finished and kept, {len(data['not_done'])} not done; rerun the same "
               f"command to continue", flush=True)
+        stopped = True
     data["seconds"] = sum(r["seconds"] for r in runs)
     text, table, best = report(data, s, scale)
     print("\n" + text)
@@ -322,6 +324,8 @@ def main():
     if table:
         plot(table, best, data, os.path.join(config["out_dir"], f"epochs-{scale}.png"))
     print(f"wrote {os.path.join(config['out_dir'], f'epochs-{scale}')}.md, .json and .png", flush=True)
+    if stopped:
+        sys.exit(130)  # a stop, after writing what finished (docs/reliability.md)
 
 
 if __name__ == "__main__":

@@ -376,6 +376,7 @@ def study(config):
                                   "classes": classes,
                                   "eval_class_counts": [sum(e["label"] == c for e in tasks[task]["eval"])
                                                         for c in range(len(classes))]}
+    stopped = False
     try:
         with StopSignals(immediate=True) as stop:
             for number, (task, name, pooling, mode, seed) in enumerate(plan):
@@ -397,6 +398,7 @@ def study(config):
                 write_atomically(json_path, json.dumps(data, indent=1))
     except KeyboardInterrupt:
         print(f"interrupted: {len(data['cells'])} cells kept in {json_path}; rerun the same command to go on")
+        stopped = True
     data["seconds"] = seconds_before + time.perf_counter() - t0
     text = study_report(data, scale)
     print("\n" + text)
@@ -404,6 +406,8 @@ def study(config):
                      text + "\n")
     study_plot(data, os.path.join(config["out_dir"], f"finetune-{scale}.png"))
     print(f"wrote {os.path.join(config['out_dir'], f'finetune-{scale}')}.md, .json and .png", flush=True)
+    if stopped:
+        sys.exit(130)  # a stop, after writing what finished (docs/reliability.md)
 
 
 METRIC = {"speaker": "balanced accuracy", "tampered": "accuracy", "retrieval": "recall@1"}  # the table's
@@ -513,7 +517,7 @@ def main():
     if config["task"] == "retrieval":
         scores = score_retrieval(backbone, data, pooling)
         print("  frozen pooled states, no training: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in scores.items()))
-    results, t0 = [], time.perf_counter()
+    results, t0, stopped = [], time.perf_counter(), False
     with StopSignals(immediate=True) as stop:
         try:
             for k in range(config["seeds"]):
@@ -528,10 +532,13 @@ def main():
                       flush=True)
         except KeyboardInterrupt:
             print(f"interrupted after {len(results)} of {config['seeds']} seeds", flush=True)
+            stopped = True
     if results:
         print(f"{config['task']}, {backbone.arch}, {config['mode']}, {len(results)} seed(s): " +
               ", ".join(f"{key} {format_metric([r[key] for r in results])}%" for key in results[0]) +
               f"; {time.perf_counter() - t0:.1f} s")
+    if stopped:
+        sys.exit(130)  # a stop, after printing the seeds that finished (docs/reliability.md)
 
 
 if __name__ == "__main__":

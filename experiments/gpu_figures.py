@@ -125,6 +125,8 @@ def main():
     write_atomically(os.path.join(folder, "summary.json"), json.dumps(out, indent=1),
                      os.path.join(folder, "summary.md"), "\n".join(lines) + "\n")
     print("\n".join(lines) + f"\n\nwrote {os.path.join(folder, 'summary.md')}")
+    if out.get("interrupted"):
+        sys.exit(130)  # a stop, after writing what finished (docs/reliability.md)
     if any(step["status"] != 0 for step in out["steps"].values()):
         sys.exit(1)
 

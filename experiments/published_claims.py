@@ -228,6 +228,8 @@ def main():
     print("\n".join(lines))
     write_atomically(base + ".md", "\n".join(lines) + "\n", base + ".json", json.dumps(results, indent=1))
     print(f"wrote {base}.md and .json")
+    if results.get("interrupted"):
+        sys.exit(130)  # a stop, after writing what was measured (docs/reliability.md)
 
 
 if __name__ == "__main__":

@@ -496,7 +496,7 @@ def main():
           f"next one beyond it", flush=True)
     swept = rate_sweep(compared, s, seeds, folder, config, device, meta)
     if swept is None:
-        return
+        raise KeyboardInterrupt  # run_main: status 130, and that the finished runs are kept
     grids, sweep, chosen = swept
     failed = [name for name, lr in chosen.items() if mean_loss(sweep, name, lr, seeds) == math.inf]
     if failed:
@@ -519,7 +519,7 @@ def main():
           flush=True)
     trained = train_runs(runs, s, config, device, meta)
     if trained is None:
-        return
+        raise KeyboardInterrupt
     for m in compared:  # each seed's run at the chosen rate, where finetune.py --study and the others read it
         for seed in seeds:
             trained[(m[0], seed)] = sweep[(m[0], chosen[m[0]], seed)]
@@ -537,7 +537,7 @@ def main():
                                                         f"{name}") for seed in seeds for name in ("gpt", "bert")},
                                small, config, device, meta)
     if small_trained is None:
-        return
+        raise KeyboardInterrupt
 
     specials = objectives.Specials.from_meta(meta)
     V = specials.num_ordinary
@@ -648,6 +648,8 @@ def main():
     if "metrics" not in not_done:
         plot(data, os.path.join(config["out_dir"], f"study-{scale}.png"))
     print(f"wrote {os.path.join(config['out_dir'], f'study-{scale}')}.md, .json and .png", flush=True)
+    if "not_done" in data:
+        sys.exit(130)  # a stop, after writing what was measured (docs/reliability.md)
 
 
 if __name__ == "__main__":

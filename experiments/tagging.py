@@ -279,8 +279,11 @@ def main():
                                       "balanced accuracy": scores})
     except KeyboardInterrupt:
         print(f"interrupted: {len(data['cells'])} of {len(plan)} cells done; they are written", flush=True)
+        data["interrupted"] = True
     data["seconds"] = time.perf_counter() - t0
     write_results(config["out_dir"], f"tagging-{scale}", data, report(data, s, scale))
+    if data.get("interrupted"):
+        sys.exit(130)  # a stop, after writing what finished (docs/reliability.md)
 
 
 if __name__ == "__main__":

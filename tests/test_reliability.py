@@ -94,7 +94,7 @@ def test_a_process_killed_while_saving_leaves_a_loadable_checkpoint(tmp_path):
     assert checkpoint.load_checkpoint(path)["iter_num"] == 1  # the previous checkpoint, intact
 
 
-def test_ctrl_c_saves_and_exits_zero_then_resume_continues(char_dataset, tmp_path):
+def test_ctrl_c_saves_and_exits_130_then_resume_continues(char_dataset, tmp_path):
     out = str(tmp_path / "o")
     args = tiny_args(char_dataset, out, max_iters=100000, lr_decay_iters=100000, eval_interval=100000,
                      log_interval=1, quiet=False)
@@ -105,7 +105,7 @@ def test_ctrl_c_saves_and_exits_zero_then_resume_continues(char_dataset, tmp_pat
             break
     process.send_signal(signal.SIGINT)
     stdout, stderr = process.communicate(timeout=60)
-    assert process.returncode == 0, stderr
+    assert process.returncode == 130, stderr
     assert "interrupted" in stdout and "--init_from=resume" in stdout and "Traceback" not in stderr
     saved = checkpoint.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"]
     assert saved > 20
@@ -254,7 +254,7 @@ def test_one_run_per_out_dir(char_dataset, tmp_path):
     finally:
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=60)
-    assert first.returncode == 0 and not os.path.exists(os.path.join(out, "lock"))  # released on exit
+    assert first.returncode == 130 and not os.path.exists(os.path.join(out, "lock"))  # stopped; released on exit
     with open(os.path.join(out, "lock"), "w") as f:  # a stale lock: its process is gone, the kernel lock too
         f.write("999999999\n")
     resumed = run_script("train.py", *tiny_args(char_dataset, out, init_from="resume", max_iters=1))
