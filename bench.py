@@ -42,7 +42,7 @@ from infra.progress import Progress, StopSignals, format_duration, write_atomica
 from infra.timing import copy_bandwidth, machine_name, matmul_flops_per_second, median_time, mfu_text
 from model import ModelConfig, Transformer
 
-SECTIONS = ("ceilings", "training", "attention", "decoding", "prefix", "profile")
+SECTIONS = ("ceilings", "training", "attention", "decoding", "prefix", "turns", "profile")
 DEFAULTS = dict(
     device="auto",
     quick=False,           # tiny sizes, few repeats: checks that everything runs, not how fast
@@ -316,6 +316,69 @@ def bench_prefix(device, size, repeats, results):
                   ["one shared prefill, forked cache", f"{shared * 1e3:.1f}", f"{separate / shared:.2f}x"]])
 
 
+def bench_turns(device, size, repeats, results):
+    """7: a chat, the engineering argument of claim D4 for prefixlm and t5 too. Each of `turns` turns adds a user
+    message, then an answer decoded token by token. gpt keeps one cache all conversation: a turn computes only its
+    own tokens (kvcache.extend_prompt). prefixlm's history is its bidirectional prefix, and a new message changes
+    every state of it: each turn recomputes the whole history. t5's encoder reads the history the same way, each
+    turn again; its decoder then writes the answer with a fresh cache. ms per turn (medians over repeats of the
+    whole conversation) and the tokens each turn pushes through the model."""
+    T = size["block_size"]
+    turns, user = 8, max(3, T // 20)  # 8 turns of a message and an answer, user tokens each: up to 0.8 T in all
+    models = {arch: build(arch, size, device).eval() for arch in ("gpt", "prefixlm", "t5")}
+    generator = torch.Generator(device=device).manual_seed(3)
+    messages = torch.randint(0, 60, (turns, user), device=device, generator=generator)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    pad = objectives.synthetic_specials(size["vocab"]).pad
+
+    def conversation(arch):
+        """One chat; returns [(seconds, tokens computed)] per turn."""
+        model, history, out = models[arch], messages[:0].view(1, 0), []
+        cache = kvcache.KVCache(model, 1, T)  # gpt: the one cache of the whole conversation
+        for k in range(turns):
+            sync()
+            t0 = time.perf_counter()
+            prompt = torch.cat([history, messages[k:k + 1]], dim=1)
+            if arch == "gpt":  # only what the cache does not hold yet: the last answer token and the message
+                logits, computed = kvcache.extend_prompt(model, prompt, cache)
+            else:  # the whole history again: prefixlm's prefix, t5's encoder input
+                cache = kvcache.KVCache(model, 1, T)
+                start = torch.full((1, 1), pad, device=device)  # t5's decoder starts from [PAD]
+                logits = kvcache.prefill(model, prompt, cache) if arch == "prefixlm" else \
+                    kvcache.prefill(model, start, cache, encoder_inputs=prompt)
+                computed = prompt.size(1) + (1 if arch == "t5" else 0)
+            answer = []
+            for _ in range(user):  # the answer, greedy, one token at a time from the cache
+                answer.append(logits.argmax(-1, keepdim=True))
+                if len(answer) < user:
+                    logits = kvcache.forward_with_cache(model, answer[-1], cache)[:, -1]
+            computed += user - 1
+            history = torch.cat([prompt] + answer, dim=1)
+            sync()
+            out.append((time.perf_counter() - t0, computed))
+        return out
+
+    per_turn = {}
+    with torch.no_grad(), autocast_for(device, size["dtype"]):
+        for arch in models:
+            conversation(arch)  # warm-up
+            runs = [conversation(arch) for _ in range(repeats)]
+            per_turn[arch] = {"ms": [1e3 * sorted(run[k][0] for run in runs)[len(runs) // 2] for k in range(turns)],
+                              "tokens": [runs[0][k][1] for k in range(turns)]}
+    results["turns"] = {"turns": turns, "message_tokens": user, "answer_tokens": user, **per_turn}
+    last = {arch: per_turn[arch]["ms"][-1] for arch in per_turn}
+    rows = [[k + 1] + [f"{per_turn[arch]['ms'][k]:.1f} ({per_turn[arch]['tokens'][k]})" for arch in per_turn]
+            for k in range(turns)]
+    rows.append(["all turns"] + [f"{sum(per_turn[arch]['ms']):.1f} ({sum(per_turn[arch]['tokens'])})"
+                                 for arch in per_turn])
+    return table(f"7. A chat of {turns} turns, each a {user}-token message and a {user}-token answer: ms per turn "
+                 f"(tokens computed). gpt extends one cache; prefixlm recomputes its bidirectional prefix and t5 "
+                 f"re-encodes the history every turn (claim D4). At turn {turns}: prefixlm "
+                 f"{last['prefixlm'] / last['gpt']:.1f}x and t5 {last['t5'] / last['gpt']:.1f}x gpt's time; t5 has "
+                 f"{size['n_layer'] // 2} + {size['n_layer'] // 2} layers, the others {size['n_layer']}",
+                 ["turn", "gpt, one cache", "prefixlm, prefix recomputed", "t5, history re-encoded"], rows)
+
+
 def bench_profile(device, size, repeats, results, compiled_rows=True):
     """6: where a step's time goes, decoding and training (a diagnostic; what it showed: docs/speed.md)."""
     return profile_section(build("gpt", size, device).eval(),
@@ -342,7 +405,7 @@ def main():
         check_compiler(device, "the compiled rows (--compile=False skips them)")
         if not size["quick"]:  # first-compile times as a user pays them; --quick's times mean nothing, and with
             fresh_kernel_cache()  # torch's own kernel cache a second --quick run takes a third of the first's time
-    sections = {"ceilings": bench_ceilings, "prefix": bench_prefix,
+    sections = {"ceilings": bench_ceilings, "prefix": bench_prefix, "turns": bench_turns,
                 "profile": lambda *a: bench_profile(*a, compiled_rows=compiled_rows),
                 "training": lambda *a: bench_training(*a, compiled_rows=compiled_rows),
                 "attention": lambda *a: bench_attention(*a, compiled_rows=compiled_rows),

@@ -183,6 +183,10 @@ def test_bench_quick_runs_every_section(tmp_path):
         assert 0 < profiled["in_operators"] <= 1.0 and profiled["calls_per_step"] >= 1, case
     assert any(o["name"] in ("aten::mm", "aten::addmm") for o in results["profile"]["decoding, batch 32, eager"]["top"])
     assert set(results["training"]) >= {"gpt", "bert", "prefixlm", "t5"}
+    turns, u = results["turns"], results["turns"]["message_tokens"]  # 7: the chat's accounting (claim D4)
+    assert turns["gpt"]["tokens"][1:] == [2 * u] * (turns["turns"] - 1)  # its own tokens only, every turn
+    for arch in ("prefixlm", "t5"):  # the whole history again: each turn 2 u tokens more than the last
+        assert [b - a for a, b in zip(turns[arch]["tokens"], turns[arch]["tokens"][1:])] == [2 * u] * (turns["turns"] - 1)
     assert (tmp_path / "bench.md").exists() and "### 5." in result.stdout
     # the compiled rows ran (the GPU recipe's paths, on the CPU), once each: training, FlexAttention, decoding
     assert results["training"]["gpt"]["compiled"]["ms_per_step"] > 0
