@@ -46,7 +46,7 @@ SECTIONS = ("ceilings", "training", "attention", "decoding", "prefix", "turns", 
 DEFAULTS = dict(
     device="auto",
     quick=False,           # tiny sizes, few repeats: checks that everything runs, not how fast
-    sections="all",        # "all" or a comma-separated subset of: ceilings,training,attention,decoding,prefix,profile
+    sections="all",        # "all" or some of: ceilings,training,attention,decoding,prefix,turns,profile
     repeats=5,             # timings are medians over this many runs
     out="",                # JSON path; "" = results/bench/bench-<device>.json (--quick: out-quick/bench/, not committed)
     plots=True,            # write PNGs next to the JSON when matplotlib is installed
@@ -336,13 +336,14 @@ def bench_turns(device, size, repeats, results):
         model, history, out = models[arch], messages[:0].view(1, 0), []
         cache = kvcache.KVCache(model, 1, T)  # gpt: the one cache of the whole conversation
         for k in range(turns):
+            if arch != "gpt":  # a fresh cache each turn, made before the clock starts (as gpt's was)
+                cache = kvcache.KVCache(model, 1, T)
             sync()
             t0 = time.perf_counter()
             prompt = torch.cat([history, messages[k:k + 1]], dim=1)
             if arch == "gpt":  # only what the cache does not hold yet: the last answer token and the message
                 logits, computed = kvcache.extend_prompt(model, prompt, cache)
             else:  # the whole history again: prefixlm's prefix, t5's encoder input
-                cache = kvcache.KVCache(model, 1, T)
                 start = torch.full((1, 1), pad, device=device)  # t5's decoder starts from [PAD]
                 logits = kvcache.prefill(model, prompt, cache) if arch == "prefixlm" else \
                     kvcache.prefill(model, start, cache, encoder_inputs=prompt)

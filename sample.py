@@ -406,11 +406,11 @@ def main():
               "reads a window whose new part is all [MASK], and each pass fills several positions from separate "
               "per-position guesses that need not agree (masked diffusion trains on every masking rate: "
               "--objective=diffusion; docs/chapter.md, question 6)")
-    if stop and arch == "bert":
+    if stop.requested and arch == "bert":  # (.requested: asking `if stop:` would count a step)
         print(f"interrupted after {passes} passes: the [MASK]s shown were not filled")
-    elif stop:
+    elif stop.requested:
         print(f"interrupted: {made} of {max_new_tokens} new tokens generated; the rest were not")
-    if stop:
+    if stop.requested:
         sys.exit(130)  # a stop, after printing what it had: every command's stop status (docs/reliability.md)
 
 

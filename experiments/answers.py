@@ -38,7 +38,7 @@ def table_after(path, marker, rows):
     if marker not in text:
         return None
     lines = text[text.index(marker):].splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    start = next((i for i, line in enumerate(lines) if line.startswith("|")), len(lines))
     table = []
     for line in lines[start:]:
         if not line.startswith("|"):

@@ -262,10 +262,11 @@ READERS = [("gpt", "last"), ("gpt", "mean"), ("bert", "mean"), ("prefixlm", "mea
 
 def checkpoint_differs(checkpoint, run, s, dataset, device, meta, budget):
     """What makes a checkpoint found in the study's folder not the study's run `run` (an entry of train_all):
-    its arch, objective, shape, position encoding, seed or learning rate differ from what that run trains with, or
+    its arch, objective, shape, position encoding, data, seed or schedule differ from what that run trains with, or
     it has not spent the FLOPs budget. Returns the differences as text ("" if it is the run)."""
     expected = equal_flops_config(run, 1.0, s, dataset, "", device, meta, run[3]["seed"], True, budget)
-    keys = MODEL_KEYS + ("objective", "seed", "learning_rate")
+    keys = MODEL_KEYS + ("objective", "dataset", "seed", "learning_rate", "min_lr", "warmup_iters", "batch_size",
+                         "max_flops")
     differ = [f"{key}={checkpoint['config'].get(key)!r}, not {expected[key]!r}" for key in keys
               if checkpoint["config"].get(key) != expected[key]]
     if checkpoint["flops_done"] < budget:

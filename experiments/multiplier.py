@@ -11,12 +11,13 @@ gpt reaches at the study's budget (claim C1's "sample efficiency", measured rath
 Every run is the study's (experiments/study.py): the same shape, data, position encoding and, for each model, the
 learning rate the study's sweep kept (read from results/study/study-<scale>.json: run the study first). Its runs
 at 0.25, 0.5 and 1 x are reused, not retrained (the same settings, the same folders); the larger budgets train
-here, each with its schedule sized to its budget. Each run is scored on metrics that both sides define, on the
+here, each with its schedule sized to its budget (a run finished earlier with the same settings is loaded). Each run is scored on metrics that both sides define, on the
 study's held-out windows:
   - diffusion against gpt: bits/char of a window's second half given its first; gpt's is its exact NLL,
     diffusion's its ELBO (an upper bound on its NLL, so a diffusion model reaching gpt's figure is at least as good).
   - bert against gpt: bert has no density, so cloze accuracy (15% of characters blanked one at a time, both sides
-    visible) against gpt's exact-Bayes cloze (every candidate scored by the window's likelihood), and a
+    visible) against gpt's exact-Bayes cloze (every candidate scored by the window's likelihood; on the study's
+    first bayes_windows windows for every reader, as that costs V passes a blank), and a
     next-character probe (a new linear head on each model's frozen final states of clean text, predicting the
     character after each position; gpt was trained for exactly that, bert never).
 The multiplier of a run is the budget at which its curve first reaches gpt's 1 x figure (mean over seeds),
@@ -75,10 +76,12 @@ def crossing(multiples, values, target, lower_is_better):
 
 def scores(name, model, windows, blanks, specials, s, probe_windows, seed):
     """The metrics one trained run is compared on (the module's docstring)."""
-    bits, extra = study.second_half_bits(name, model, windows, specials, torch.Generator().manual_seed(seed))
-    cloze = study.cloze_accuracy(name, model, windows, blanks, specials, s["bayes_windows"])
-    out = {"bits": bits, "elbo_bits": extra.get("elbo_bits", bits),  # gpt's bits are exact: its own bound
-           "cloze": cloze.get("both sides (exact Bayes)", cloze.get("both sides"))}
+    b = s["bayes_windows"]  # gpt's exact-Bayes cloze reads these windows only: every reader is scored on them
+    cloze = study.cloze_accuracy(name, model, windows[:b], blanks[:b], specials, b)
+    out = {"cloze": cloze.get("both sides (exact Bayes)", cloze.get("both sides"))}
+    if name != "bert":  # (bert's chain-rule bits are compared with nothing here: T/2 passes a window saved)
+        bits, extra = study.second_half_bits(name, model, windows, specials, torch.Generator().manual_seed(seed))
+        out.update(bits=bits, elbo_bits=extra.get("elbo_bits", bits))  # gpt's bits are exact: its own bound
     if name in ("gpt", "bert"):
         out["probe"] = study.correction_probe(model, *probe_windows, specials.num_ordinary, seed,
                                               task="next character")[0]
@@ -93,9 +96,13 @@ def report(data):
               f"{data['position']} positions; the study's budget 1 x = {format_flops(data['budget_flops'])}), "
               f"seeds {', '.join(map(str, data['seeds']))}, each model at the study's kept rate "
               f"({', '.join(f'{n} {r:g}' for n, r in data['learning_rates'].items())}), on {data['machine']}; "
-              f"{data['seconds'] / 60:.1f} min for this command ({data['reused']} of its {data['runs']} runs reused "
-              f"from the study). Every cell is mean +- std over the seeds; [k/n] = runs past the plateau control "
-              f"(own validation loss <= {control['threshold']:.3f} nats).", ""]
+              f"{data['seconds'] / 60:.1f} min for this command ({data['reused']} of its {data['runs']} runs reused: "
+              f"finished earlier with the same settings, by the study or by this command's own code). Cloze on the "
+              f"first {s['bayes_windows']} evaluation windows for every reader (gpt's exact Bayes costs a forward "
+              f"pass per candidate character). Every cell is mean +- std over the seeds; [k/n] = runs past the plateau control "
+              f"(own validation loss at least {control['margin']:g} nats under its context-free reference: "
+              + ", ".join(f"{n} {v:.3f}" for n, v in control["reference"].items()) + " nats; study.py says how it "
+              f"is computed).", ""]
     header = "| model, metric | " + " | ".join(f"{m:g} x" for m in multiples) + " |"
     lines += [header, "|---|" + "---|" * len(multiples)]
     for name, metric, label in (("gpt", "bits", "bits/char (exact)"), ("diffusion", "elbo_bits", "bits/char (ELBO)"),
@@ -118,7 +125,10 @@ def report(data):
               "| model | metric | gpt at 1 x | multiple of the budget | seeds that reached it |", "|---|---|---|---|---|"]
     for row in data["multipliers"]:
         reached = [m for m in row["per_seed"] if m is not None]
+        smallest = min(data["multiples_trained"][row["model"]])
         value = plus_minus(reached, 2) + " x" if reached else f"> {max(data['multiples_trained'][row['model']]):g} x"
+        if reached and min(reached) == smallest:  # reached by the smallest budget trained: at most that
+            value += f" (<= {smallest:g} x for {sum(m == smallest for m in reached)} seed(s))"
         if reached and len(reached) < len(row["per_seed"]):
             value += f" (the others: > {max(data['multiples_trained'][row['model']]):g} x)"
         lines.append(f"| {row['model']} | {row['metric']} | {row['target']:.3f} | {value} | "
@@ -171,7 +181,8 @@ def main():
     study_json = os.path.join(config["out_dir"], f"study-{scale}.json")
     try:
         with open(study_json) as f:
-            rates = json.load(f)["chosen_learning_rate"]
+            study_rates = json.load(f)
+        rates = study_rates["chosen_learning_rate"]
     except (OSError, ValueError, KeyError, TypeError):
         raise UserError(f"{study_json} is missing or unreadable: the multiplier trains each model at the rate the "
                         f"study kept; run python experiments/study.py{' --quick' if scale == 'quick' else ''} "
@@ -183,9 +194,15 @@ def main():
     by_name = {model[0]: model for model in study.MODELS}
     trained_multiples = {name: [m for m in multiples if name != "gpt" or m <= GPT_LARGEST]
                          for name in ("gpt", "bert", "diffusion")}
-    runs = {(name, m, seed): study.study_run(by_name[name], rates[name], seed, (
-        f"{folder}-lr{rates[name]:g}-seed{seed}-{name}" if m == 1 else f"{folder}-budget{m:g}-seed{seed}-{name}"), m)
-        for name, ms in trained_multiples.items() for m in ms for seed in seeds}
+    def run_folder(name, m, seed):  # the study's own folder where the study trained this run
+        if m == 1:
+            return f"{folder}-lr{rates[name]:g}-seed{seed}-{name}"
+        if name == "bert" and m == s["ablation_budget"] and rates["bert"] == study_rates.get("ablation_learning_rate"):
+            return f"{folder}-ablation{m:g}-lr{rates[name]:g}-seed{seed}-{name}"  # claim C2's bert is this run
+        return f"{folder}-budget{m:g}-seed{seed}-{name}"
+
+    runs = {(name, m, seed): study.study_run(by_name[name], rates[name], seed, run_folder(name, m, seed), m)
+            for name, ms in trained_multiples.items() for m in ms for seed in seeds}
     print(f"[multiplier] {len(runs)} runs: gpt at {', '.join(f'{m:g}' for m in trained_multiples['gpt'])} x, bert "
           f"and diffusion at {', '.join(f'{m:g}' for m in multiples)} x the study's budget, seeds "
           f"{', '.join(map(str, seeds))} (the study's finished runs are reused)", flush=True)
@@ -193,11 +210,11 @@ def main():
     if trained is None:
         raise KeyboardInterrupt  # nothing is written: run_main says what is kept
     specials = objectives.Specials.from_meta(meta)
-    control = study.plateau_control(splits["train"], splits["val"], specials.num_ordinary)
+    control = study.plateau_control(splits, meta, s, [by_name[name] for name in trained_multiples])
     windows, blanks, rng = study.evaluation_windows(splits, s, config["seed"], device)
     T = windows.size(1)
-    probe_windows = (get_windows(splits["train"], 8 * s["eval_windows"], T, rng).to(device),
-                     get_windows(splits["val"], 4 * s["eval_windows"], T, rng).to(device))
+    probe_windows = (get_windows(splits["train"], 8 * s["eval_windows"], T - 1, rng).to(device),  # the study's
+                     get_windows(splits["val"], 4 * s["eval_windows"], T - 1, rng).to(device))
     data = {"scale": scale, "sizes": s, "position": s.get("position", "learned"), "seeds": seeds,
             "budget_flops": flops_budget(s, meta), "learning_rates": {n: rates[n] for n in trained_multiples},
             "multiples": multiples, "multiples_trained": trained_multiples, "plateau_control": control,
@@ -213,7 +230,7 @@ def main():
                           flush=True)
                 row = scores(name, result["model"].eval(), windows, blanks, specials, s, probe_windows, seed)
                 row.update(seed=seed, val_loss=result["val_loss"], flops=result["flops"],
-                           past_plateau=study.past_plateau(result["val_loss"], control))
+                           past_plateau=study.past_plateau(result["val_loss"], control, name))
                 data["runs_by_multiple"][name].setdefault(f"{m:g}", []).append(row)
     except KeyboardInterrupt:
         interrupted = True

@@ -2,16 +2,20 @@
 Question: at equal training compute, how do the five objectives compare on metrics that mean the same thing for
 every architecture, and which of the chapter's empirical claims (B1, C1, C2, C4, D1, D3, D5) hold at this scale?
 
-    python experiments/study.py                 # CPU scale: ~54 minutes on 2 cores -> results/study/study-cpu.*
+    python experiments/study.py --jobs=2        # CPU scale: STUDY_MINUTES on 2 cores -> results/study/study-cpu.*
     python experiments/study.py --scale=gpu     # 6 layers x 384 dims, block 256, on one GPU
     python experiments/study.py --quick         # a smoke run in seconds (the test suite runs it) -> out-quick/
     python experiments/study.py --reuse=True    # after a Ctrl-C: finished runs of the same settings are reloaded
 
 1. Trains gpt, bert, prefixlm, t5 and a masked-diffusion bert to the *same training FLOPs* (forward + backward,
    t5's encoder and decoder both counted) at about the same parameter count (t5 splits its layers between its
-   two stacks). Each first gets a learning-rate sweep (3 rates, first seed) and keeps the rate of lowest validation
-   loss on its own objective; then every number is a mean +- std over 3 training seeds. All are scored on the same
-   held-out windows with metrics that mean the same thing for every architecture:
+   two stacks), every one with rotary positions (experiments/plateau.py: with learned ones bert and diffusion sat
+   on the character-frequency plateau). Each gets the same learning-rate sweep: every rate of its grid on every
+   seed, the rate of lowest mean validation loss on its own objective kept, and a grid whose kept rate is at its
+   edge extended by one rate beyond it; the sweep's runs at the kept rate are the study's runs, 3 seeds. Every run
+   must pass a positive control: its own validation loss at least 0.3 nats under what character frequencies give
+   (plateau_control, from the data); a run that fails is named in its row. All are scored on the same held-out
+   windows with metrics that mean the same thing for every architecture:
      - bits per character of a window's second half given its first half (claim C4): exact chain rule for gpt,
        prefixlm (first half as prefix) and t5 (first half to the encoder); for bert and the diffusion model the
        chain rule with [MASK] placeholders for the not-yet-scored positions, a proper normalised density costing
@@ -28,8 +32,8 @@ every architecture, and which of the chapter's empirical claims (B1, C1, C2, C4,
    beside the same models at initialisation and uniform attention (what the mask alone gives); and again for a
    gpt and a bert with heads much smaller than the window (8 vs 255 at CPU scale), where the claim's bottleneck
    (a head's logits have rank <= head size) can bite.
-4. Ablation (claim C2): BERT's 80/10/10 against 100% [MASK], both trained past the MLM plateau (at CPU scale 2 x
-   the budget at one rate, 5e-4: the masking is the only difference), checked, then compared on inputs without any
+4. Ablation (claim C2): BERT's 80/10/10 against 100% [MASK], both at 2 x the budget and bert's kept rate (the
+   masking is the only difference), each checked past the plateau control, then compared on inputs without any
    [MASK]: new linear probes on the frozen final states (the original character at randomly replaced positions;
    the next character of a clean input); the models' own heads are shown too, an illustration.
 Writes results/study/study-<scale>.md, .json and .png (with matplotlib); the tables and the plot are drawn by
@@ -215,25 +219,66 @@ def unigram_reference(train_path, windows, blanks, num_ordinary):
     return {"bits_per_char": character_frequency_bits(train_path, windows, num_ordinary), "cloze": cloze}
 
 
-PLATEAU_MARGIN = 0.3  # nats: how far under character frequencies a run's own validation loss must end
+PLATEAU_MARGIN = 0.3  # nats: how far under its context-free reference a run's own validation loss must end
 
 
-def plateau_control(train_path, val_path, num_ordinary):
-    """The positive control every run must pass before it is compared: a model that has learned nothing but the
-    alphabet predicts each character from its frequency, which costs the cross-entropy of the validation text
-    under the training text's character frequencies (add-one smoothed), in nats per character. A run is past the
-    plateau when its own validation loss is at least PLATEAU_MARGIN under that (past_plateau)."""
+def character_frequency_nats(train_path, val_path, num_ordinary):
+    """What character frequencies alone give: the cross-entropy of the validation text under the training text's
+    character frequencies (add-one smoothed), nats per character."""
     counts = character_counts(train_path, num_ordinary)
     log_p = np.log((counts + 1) / (counts + 1).sum())
     val = np.memmap(val_path, dtype=np.uint16, mode="r")
-    reference = float(-log_p[val[val < num_ordinary]].mean())
-    return {"character_frequencies_nats": reference, "margin": PLATEAU_MARGIN,
-            "threshold": reference - PLATEAU_MARGIN}
+    return float(-log_p[val[val < num_ordinary]].mean())
 
 
-def past_plateau(val_loss, control):
-    """Did a run learn more than character frequencies? (a diverged run, val_loss None, did not)"""
-    return val_loss is not None and val_loss <= control["threshold"]
+def context_free_reference(model, splits, meta, s, batches=(200, 100), seed=0):
+    """The loss, under a model's own objective (its targets and weights, as model.loss averages them), of the best
+    predictor that reads nothing but the one input token at the position it predicts: p(target | that token),
+    counted on training batches (add-one smoothed) and scored on validation batches. What a model that learned
+    nothing from context reaches: character frequencies where that token is [MASK] (bert, diffusion, t5's spans
+    mostly), the copy of an unchanged token (bert's 10%), the sentinels' order (t5), the previous character (the
+    causal objectives: a bigram, a stricter bar than character frequencies)."""
+    name, arch, objective, extra = model
+    settings = dict(extra, arch=arch, objective=objective)
+    specials, V = objectives.Specials.from_meta(meta), meta["vocab_size"]
+    rng, generator = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
+
+    def pairs(split, count):
+        for _ in range(count):
+            batch = objectives.batch_for(settings, get_windows(splits[split], s["batch_size"], s["block_size"], rng),
+                                         specials, generator)
+            inputs = batch.decoder_inputs if arch == "t5" else batch.inputs
+            weights = torch.ones(batch.targets.shape) if batch.loss_weights is None else batch.loss_weights
+            yield inputs.numpy(), batch.targets.numpy(), weights.numpy(), batch.loss_weights is not None
+
+    counts = np.ones((V, V))
+    for inputs, targets, weights, _ in pairs("train", batches[0]):
+        kept = targets != IGNORE_INDEX
+        np.add.at(counts, (inputs[kept], targets[kept]), 1)
+    log_p = np.log(counts / counts.sum(1, keepdims=True))
+    losses = []
+    for inputs, targets, weights, weighted in pairs("val", batches[1]):
+        kept = targets != IGNORE_INDEX
+        total = -(weights[kept] * log_p[inputs[kept], targets[kept]]).sum()
+        losses.append(total / (targets.size if weighted else max(1, kept.sum())))  # model.loss's averages
+    return float(np.mean(losses))
+
+
+def plateau_control(splits, meta, s, models):
+    """The positive control every run must pass before it is compared: its own validation loss at least
+    PLATEAU_MARGIN under its objective's context-free reference (context_free_reference, from the data). Character
+    frequencies are given beside it (the plateau bert and diffusion sat on with learned positions).
+    models: entries of MODELS (or the same shape)."""
+    V = objectives.Specials.from_meta(meta).num_ordinary
+    reference = {model[0]: context_free_reference(model, splits, meta, s) for model in models}
+    return {"character_frequencies_nats": character_frequency_nats(splits["train"], splits["val"], V),
+            "margin": PLATEAU_MARGIN, "reference": reference,
+            "threshold": {name: value - PLATEAU_MARGIN for name, value in reference.items()}}
+
+
+def past_plateau(val_loss, control, name):
+    """Did run `name` learn from context? (a diverged run, val_loss None, did not)"""
+    return val_loss is not None and val_loss <= control["threshold"][name]
 
 
 # ----------------------------------------------------------------------------- claim C2: the ablation
@@ -529,8 +574,9 @@ def main():
             shutil.copytree(source, target + ".partial")  # whole, then in place: a stop never leaves half of one
             shutil.rmtree(target, ignore_errors=True)
             os.replace(target + ".partial", target)
-    small = s["small_head"]  # claim D3's bottleneck: a head's logits q k^T have rank <= head size, so it can only
-    # bite when the head size is well below T (above: 32 vs 63). gpt and bert again, small heads, long windows
+    # claim D3's bottleneck: a head's logits q k^T have rank <= head size, so it can only bite when the head size is
+    # well below T (above: 32 vs 63). gpt and bert again, small heads, long windows, the scale's positions
+    small = dict(s["small_head"], position=s.get("position", "learned"))
     print(f"[study] 3/3 attention rank at head size {small['n_embd'] // small['n_head']}, T = {small['block_size'] - 1} "
           f"(claim D3): gpt and bert, seeds {', '.join(map(str, seeds))}", flush=True)
     small_trained = train_runs({(name, seed): study_run(by_name[name], 1e-3, seed, f"{folder}-small-head-seed{seed}-"
@@ -543,7 +589,7 @@ def main():
     V = specials.num_ordinary
     windows, blanks, rng = evaluation_windows(splits, s, config["seed"], device)
     N, T = windows.shape
-    control = plateau_control(splits["train"], splits["val"], V)
+    control = plateau_control(splits, meta, s, MODELS)
     data = {"scale": scale, "device": device, "machine": machine_line(device, config), "budget_flops": budget,
             "seeds": seeds, "position": s.get("position", "learned"), "learning_rates": grids,
             "chosen_learning_rate": chosen, "plateau_control": control, "budget_fractions": list(fractions), "ablation_budget": ablation_share,
@@ -561,7 +607,7 @@ def main():
         return {"seed": seed, "parameters": model.num_parameters(), "iterations": result["iter_num"],
                 "flops": result["flops"], "seconds": result["seconds"], "supervised_seen": result["supervised_seen"],
                 "tokens_seen": result["tokens_seen"], "val_loss": result["val_loss"],
-                "past_plateau": past_plateau(result["val_loss"], control), "second_half_bits_per_char": bits,
+                "past_plateau": past_plateau(result["val_loss"], control, name), "second_half_bits_per_char": bits,
                 "cloze": cloze_accuracy(name, model, windows, blanks, specials, s["bayes_windows"]), **extra}
 
     try:  # Ctrl-C or SIGTERM: what was measured is written, and the message names what was not
@@ -643,11 +689,11 @@ def main():
     data["seconds"] = time.perf_counter() - t0
     text = "\n".join(report(data, s, N, V))
     print("\n" + text)
-    write_atomically(os.path.join(config["out_dir"], f"study-{scale}.md"), text + "\n",
-                     os.path.join(config["out_dir"], f"study-{scale}.json"), json.dumps(data, indent=1))
+    base = os.path.join(config["out_dir"], f"study-{scale}" + ("-partial" if "not_done" in data else ""))  # a stop
+    write_atomically(base + ".md", text + "\n", base + ".json", json.dumps(data, indent=1))  # never over a whole one
     if "metrics" not in not_done:
-        plot(data, os.path.join(config["out_dir"], f"study-{scale}.png"))
-    print(f"wrote {os.path.join(config['out_dir'], f'study-{scale}')}.md, .json and .png", flush=True)
+        plot(data, base + ".png")
+    print(f"wrote {base}.md, .json and .png", flush=True)
     if "not_done" in data:
         sys.exit(130)  # a stop, after writing what was measured (docs/reliability.md)
 

@@ -79,14 +79,18 @@ def missing_checkpoint(path):
     folder, name = os.path.split(path)
     where = f"no checkpoint at {path} (looked in {os.path.abspath(folder or '.')})"
     parent = os.path.dirname(os.path.abspath(folder or "."))
-    runs = [d for d in os.listdir(parent) if os.path.isfile(os.path.join(parent, d, name))] \
-        if os.path.isdir(parent) else []
+    try:
+        runs = [d for d in os.listdir(parent) if os.path.isfile(os.path.join(parent, d, name))]
+    except OSError:  # no such folder, or not one this user may list
+        runs = []
     close = difflib.get_close_matches(os.path.basename(os.path.normpath(folder)), runs, n=1, cutoff=0.85)
     if close:
         return f"{where}: did you mean --out_dir={os.path.join(os.path.dirname(os.path.normpath(folder)), close[0])}?"
     runs.sort(key=lambda d: -iterations_trained(os.path.join(parent, d)))
+    beside = os.path.dirname(os.path.normpath(folder))  # how the runs there are named from here
     found = "; runs there, the most trained first: " + ", ".join(
-        f"--out_dir={d} ({iterations_trained(os.path.join(parent, d))} iterations)" for d in runs[:4]) if runs else ""
+        f"--out_dir={os.path.join(beside, d)} ({iterations_trained(os.path.join(parent, d))} iterations)"
+        for d in runs[:4]) if runs else ""
     return f"{where}: train first (python train.py ...) or fix --out_dir{found}"
 
 

@@ -82,9 +82,10 @@ class RecentRate:
 
     def changed(self):
         """(the rate said before, the rate now) when the median moved by more than `factor` either way since the
-        last time it was said; else None."""
+        last time it was said; else None. The first rate is set from three measurements (the first line's holds
+        warm-up: compiling, the first evaluation), so a start is never taken for a change."""
         now = self.rate()
-        if now is None:
+        if now is None or len(self.samples) < 3 and self.reported is None:
             return None
         if self.reported is None:
             self.reported = now

@@ -537,7 +537,9 @@ def test_a_stop_never_replaces_a_whole_result(char_dataset, tmp_path, monkeypatc
             encoders.main()
         assert sorted(p.name for p in tmp_path.iterdir()) == ["encoders-quick-probe.md"]
     else:
-        encoders.main()
+        with pytest.raises(SystemExit) as ended:
+            encoders.main()
+        assert ended.value.code == 130  # a stop's status, after writing what finished beside the whole result
         assert (tmp_path / "encoders-quick-probe-partial.json").exists()
         assert len(json.loads((tmp_path / "encoders-quick-probe-partial.json").read_text())["cells"]) == stop_at
     assert whole.read_text() == "a complete run's table\n"

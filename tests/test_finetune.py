@@ -224,6 +224,6 @@ def test_a_checkpoint_in_the_study_folder_is_reused_only_if_it_is_that_run(char_
         {"config": config, "flops_done": flops}, run, s, char_dataset, "cpu", meta, budget)
     assert differs(dict(expected)) == ""
     for key, value in (("arch", "bert"), ("objective", "mlm"), ("n_embd", 16), ("n_head", 1), ("position", "learned"),
-                       ("seed", 1338), ("learning_rate", 1e-3)):
+                       ("dataset", "another"), ("seed", 1338), ("learning_rate", 1e-3), ("max_flops", 1.0)):
         assert differs(dict(expected, **{key: value})).startswith(f"{key}={value!r}"), key
     assert "FLOPs of its budget" in differs(dict(expected), budget / 2)

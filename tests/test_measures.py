@@ -324,34 +324,54 @@ def test_the_correction_probes_rule_is_learned_from_the_training_positions():
 
 
 def test_the_plateau_check_can_say_no():
-    data = {"plateau_control": {"character_frequencies_nats": 3.37, "margin": 0.3, "threshold": 3.07},
+    data = {"plateau_control": {"margin": 0.3, "threshold": {"bert": 2.97, "bert-100%-mask": 3.07}},
             "ablation": {"models": {"bert": [{"val_loss": 2.1}, {"val_loss": 2.5}],
                                     "bert-100%-mask": [{"val_loss": 2.4}, {"val_loss": 3.2}]}}}
-    assert past_the_plateau(data) == (False, ["bert-100%-mask"])  # 3.2 is within 0.3 of 3.37
+    assert past_the_plateau(data) == (False, ["bert-100%-mask"])  # 3.2 is not 0.3 under its reference 3.37
     data["ablation"]["models"]["bert-100%-mask"][1]["val_loss"] = 3.0
     assert past_the_plateau(data) == (True, [])
     data["ablation"]["models"]["bert"][0]["val_loss"] = None  # a diverged run did not learn
     assert past_the_plateau(data) == (False, ["bert"])
 
 
-def test_the_plateau_control_is_the_character_frequencies_of_the_data(tmp_path):
-    """The control every study run must pass: the validation text's cross-entropy (nats/char) under the training
-    text's add-one-smoothed character frequencies, computed from the files, minus the margin. Checked by hand on
-    a 3-letter alphabet; a control that always passes (threshold at infinity, or the reference from the wrong
-    split) fails here."""
-    V = 3
-    np.array([0] * 6 + [1] * 2 + [2] * 0, dtype=np.uint16).tofile(tmp_path / "train.bin")
+def test_character_frequencies_are_counted_from_the_data(tmp_path):
+    """What character frequencies alone give: the validation text's cross-entropy under the training text's
+    add-one-smoothed frequencies, by hand on a 3-letter alphabet."""
+    np.array([0] * 6 + [1] * 2, dtype=np.uint16).tofile(tmp_path / "train.bin")
     np.array([0, 1, 2, 2], dtype=np.uint16).tofile(tmp_path / "val.bin")
-    control = study.plateau_control(str(tmp_path / "train.bin"), str(tmp_path / "val.bin"), V)
     p = np.array([7, 3, 1]) / 11  # add-one counts 6+1, 2+1, 0+1
     expected = -(np.log(p[0]) + np.log(p[1]) + 2 * np.log(p[2])) / 4
-    assert control["character_frequencies_nats"] == pytest.approx(expected, rel=1e-12)
-    assert control["threshold"] == pytest.approx(expected - study.PLATEAU_MARGIN)
+    nats = study.character_frequency_nats(str(tmp_path / "train.bin"), str(tmp_path / "val.bin"), 3)
+    assert nats == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_plateau_control_is_what_a_context_free_predictor_reaches(tmp_path):
+    """The control every study run must pass: its own loss 0.3 nats under what a predictor that reads only the
+    input token at its position reaches, under the same objective. On a text "abab...": for clm that predictor is
+    the bigram, which knows the next character (loss ~0: a gpt has to learn nothing more to reach it); for
+    100%-[MASK] MLM it sees only [MASK], so character frequencies (log 2 for two equally frequent letters); a
+    control that always passes (a threshold from the wrong predictor, or no margin) fails here."""
+    from data.prepare_common import write_dataset
+    from infra.dataset import load_dataset
+    folder = tmp_path / "abab"
+    folder.mkdir()
+    write_dataset(str(folder), np.array([0, 1] * 20000, dtype=np.uint16), {"tokenizer": "char", "num_ordinary": 2, "itos": {0: "a", 1: "b"},
+                                                "stoi": {"a": 0, "b": 1}})
+    splits, meta = load_dataset(str(folder), 16, False)
+    s = dict(batch_size=8, block_size=16)
+    models = [("gpt", "gpt", "clm", {}), ("all-mask", "bert", "mlm", {"mlm_mask_fraction": 1.0,
+                                                                     "mlm_random_fraction": 0.0})]
+    control = study.plateau_control(splits, meta, s, models)
+    assert control["reference"]["gpt"] < 0.01  # the bigram of "abab" is certain
+    V = meta["vocab_size"]  # add-one over the whole vocabulary: a little over log 2
+    assert math.log(2) < control["reference"]["all-mask"] < math.log(2) + 0.01 * V
+    assert control["threshold"] == {k: v - study.PLATEAU_MARGIN for k, v in control["reference"].items()}
     assert study.PLATEAU_MARGIN == 0.3
-    assert study.past_plateau(expected - 0.31, control)
-    assert not study.past_plateau(expected - 0.29, control)
-    assert not study.past_plateau(expected, control)  # what character frequencies alone give: not learned
-    assert not study.past_plateau(None, control)  # diverged
+    reference = control["reference"]["all-mask"]
+    assert study.past_plateau(reference - 0.31, control, "all-mask")
+    assert not study.past_plateau(reference - 0.29, control, "all-mask")
+    assert not study.past_plateau(reference, control, "all-mask")  # what frequencies alone give: not learned
+    assert not study.past_plateau(None, control, "all-mask")  # diverged
 
 
 def test_a_kept_rate_at_the_edge_of_its_grid_gets_the_next_rate_beyond():

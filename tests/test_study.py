@@ -34,14 +34,15 @@ def test_study_quick_runs_end_to_end(char_dataset, tmp_path):
         assert f"{data['chosen_learning_rate'][name]:g}" == best
         assert f"{data['models'][name]['learning_rate']:g}" == best
         assert [run["val_loss"] for run in data["models"][name]["seeds"]] == by_rate[best]["val_loss"]
-        grid = sorted(data["learning_rates"][name])
-        if len(grid) == len(quick["learning_rates"]):  # not extended: its rate was inside the first grid
-            assert grid[0] < float(best) < grid[-1]
+        grid, first = sorted(data["learning_rates"][name]), sorted(quick["learning_rates"])
+        added = sorted(set(grid) - set(first))  # two rates: every kept rate is at an edge, so each grid grew once
+        assert len(grid) == len(first) + quick["rate_extensions"] and len(added) == 1
+        assert added[0] in (pytest.approx(first[0] / quick["rate_step"]), pytest.approx(first[-1] * quick["rate_step"]))
     # the positive control of every run: from the data's character frequencies, applied to its own val loss
     control = data["plateau_control"]
-    assert control["threshold"] == pytest.approx(control["character_frequencies_nats"] - study.PLATEAU_MARGIN)
-    for model in data["models"].values():
-        assert all(run["past_plateau"] == (run["val_loss"] <= control["threshold"]) for run in model["seeds"])
+    for name, model in data["models"].items():
+        assert control["threshold"][name] == pytest.approx(control["reference"][name] - study.PLATEAU_MARGIN)
+        assert all(run["past_plateau"] == (run["val_loss"] <= control["threshold"][name]) for run in model["seeds"])
     # the budget sweep and the C2 ablation: each share of the budget really spent (within one step)
     for name, by_share in data["budget"].items():
         for share, runs in by_share.items():
@@ -83,7 +84,8 @@ def test_study_quick_runs_end_to_end(char_dataset, tmp_path):
     assert multiplied.returncode == 0, multiplied.stderr[-3000:]
     result = json.loads((tmp_path / "multiplier-quick.json").read_text())
     shared = 3 * quick["seeds"] * (1 + len(quick["budget_fractions"]))  # gpt, bert, diffusion at 0.5 and 1 x
-    assert result["reused"] == shared and result["runs"] == shared + 2 * quick["seeds"]  # bert, diffusion at 1.5 x
+    shared += quick["seeds"]  # and bert at 1.5 x: the C2 ablation's bert, the same run
+    assert result["reused"] == shared and result["runs"] == shared + quick["seeds"]  # diffusion at 1.5 x trains
     assert result["learning_rates"] == {name: data["chosen_learning_rate"][name] for name in ("gpt", "bert",
                                                                                               "diffusion")}
     for name in ("gpt", "bert", "diffusion"):  # the reused 1 x runs score as the study scored them
