@@ -1,8 +1,8 @@
 """
-The measured half of the checkpoint questions whose answer is a measurement (docs/chapter.md), printed from the
-result files it rests on, so a reader holding the chapter sees it in a second:
+Question: what do the result files say to the checkpoint questions whose answer is a measurement (docs/chapter.md)?
+Printed from the files the answers rest on, so a reader holding the chapter sees them in a second:
 
-    python experiments/answers.py
+    python experiments/answers.py     # trains nothing: under a second of reading (0 minutes), from results/
 
 question 3 (B1): labels decided by the right context, causal readers against bidirectional ones (tagging);
 question 5 (C2): the [MASK] mismatch, read on inputs without any [MASK] (the study's ablation);
