@@ -199,6 +199,23 @@ def join_process_group(config, give_up_after=120.0):
             signal.signal(sig, handler)
 
 
+def check_launch(args):
+    """torchrun's own arguments that it would meet with a traceback (or, for restarts, with a second run that
+    does not resume the first): refused here in one line, before any process starts."""
+    n = str(args.nproc_per_node)
+    if n in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise UserError(f"--nproc_per_node={n}: this machine has no CUDA device; give the number of processes "
+                        f"(on CPUs they talk through gloo)")
+    if n not in ("gpu", "cuda", "cpu", "auto") and not (n.isdigit() and int(n) >= 1):
+        raise UserError(f"--nproc_per_node={n}: the number of processes, a whole number >= 1 (or auto, cpu, gpu)")
+    nodes = str(args.nnodes).split(":")
+    if len(nodes) > 2 or not all(part.isdigit() and int(part) >= 1 for part in nodes):
+        raise UserError(f"--nnodes={args.nnodes}: the number of machines, a whole number >= 1 (or MIN:MAX)")
+    if args.max_restarts:
+        raise UserError(f"--max-restarts={args.max_restarts}: a restarted train.py starts a fresh run, it does not "
+                        f"resume the checkpoint; leave it at 0 and continue with train.py's --init_from=resume")
+
+
 def launch(argv):
     """torchrun itself (torch.distributed.run, the same arguments), ending the way train.py ends: when a process
     fails, the command exits with that process's status after the one line it printed, instead of torchrun's
@@ -214,8 +231,12 @@ def launch(argv):
     for name in list(logging.root.manager.loggerDict):  # its per-process failure lines (each logger has a level)
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
+    args = parse_args(argv)
+    check_launch(args)
+    for other in (signal.SIGUSR1, signal.SIGUSR2):  # their default would end this launcher alone and leave the
+        signal.signal(other, lambda *_: os.kill(os.getpid(), signal.SIGTERM))  # processes training: stop them all
     try:
-        run(parse_args(argv))
+        run(args)
     except ChildFailedError as e:
         # the root cause: a process killed outright (not by torchrun's SIGTERM to the others), else the first to
         # end; the timestamps are whole seconds, so a killed process and its peer's reaction can tie
@@ -234,4 +255,8 @@ def launch(argv):
 
 if __name__ == "__main__":
     import sys
-    sys.exit(launch(sys.argv[1:]))
+    try:
+        sys.exit(launch(sys.argv[1:]))
+    except UserError as e:  # (not run_main: torchrun installs its own signal handling)
+        print(f"python -m infra.parallel: error: {e}", file=sys.stderr)
+        sys.exit(2)

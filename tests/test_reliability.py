@@ -362,3 +362,21 @@ def test_a_checkpoint_written_before_the_published_settings_moved_still_loads(ch
     assert bert["family"] == "bert" and bert["norm_eps"] == 1e-12 and "post_norm" not in bert
     t5 = upgrade_model_config(dict(arch="t5", position="relative", **dict(EARLIER_PUBLISHED_FIELDS, norm="rmsnorm")))
     assert t5["family"] == "t5" and "norm" not in t5
+
+
+@pytest.mark.parametrize("argument, needle", [
+    ("--nproc_per_node=0", "--nproc_per_node=0: the number of processes"),
+    ("--nproc_per_node=-1", "--nproc_per_node=-1: the number of processes"),
+    ("--nproc_per_node=abc", "--nproc_per_node=abc: the number of processes"),
+    ("--nproc_per_node=1.5", "--nproc_per_node=1.5: the number of processes"),
+    ("--nnodes=0", "--nnodes=0: the number of machines"),
+    ("--max-restarts=1", "a restarted train.py starts a fresh run"),
+])
+def test_the_launchers_own_bad_arguments_are_one_line(argument, needle):
+    """python -m infra.parallel refuses torchrun's arguments that torchrun would meet with a traceback (or, for
+    --max-restarts, with a second run that does not resume), before any process starts: one line, status 2."""
+    result = subprocess.run([sys.executable, "-m", "infra.parallel", "--standalone", argument, "train.py"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stdout == "", (result.returncode, result.stdout)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m infra.parallel: error: ") and needle in lines[0], lines
