@@ -38,19 +38,20 @@ from experiments.equal_compute import machine_line, resolve_experiment, train_al
 from experiments.study import SCALES as STUDY_SCALES
 from experiments.study import plateau_control
 from experiments.study_report import plus_minus
-from infra.configurator import QUICK_NOTE, run_main
+from infra.configurator import QUICK_NOTE, UserError, run_main
 from infra.dataset import load_dataset
-from infra.progress import format_duration, format_flops, write_atomically
+from infra.progress import check_writable, format_duration, format_flops, write_atomically
 from infra.plots import pyplot
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/study",
                 seed=1337, quiet=True, reuse=False,  # reuse=True: load runs finished earlier with the same settings
-                jobs=1)  # how many runs train at once (processes, one per core)
+                jobs=1,  # how many runs train at once (processes, one per core)
+                seeds=2)  # 1: the first seed only (-1seed in the result's name: never over the whole result)
 SCALES = {"cpu": dict(STUDY_SCALES["cpu"], seeds=2, eval_every=100),
           "gpu": dict(STUDY_SCALES["gpu"], seeds=2, eval_every=250),
           "quick": dict(STUDY_SCALES["quick"], seeds=2, eval_every=5)}
 OLD = dict(position="learned", learning_rate=1e-3, min_lr=1e-4)  # the recipe every variant changes one thing of
-VARIANTS = [  # name, arch, objective, settings, seeds (the contrasts every seed, one-off changes the first seed)
+VARIANTS = [  # name, arch, objective, settings, seeds (--seeds_of_contrasts=2: the position contrasts twice)
     ("gpt, learned positions", "gpt", "clm", OLD, 1),
     ("bert, learned positions", "bert", "mlm", OLD, 2),
     ("bert, rotary positions", "bert", "mlm", dict(OLD, position="rope"), 2),
@@ -137,8 +138,12 @@ def plot(data, path):
 
 
 def main():
-    config, scale, device = resolve_experiment(DEFAULTS, SCALES, "plateau")
-    s = SCALES[scale]
+    config, scale, device = resolve_experiment(DEFAULTS, SCALES, "plateau", ())
+    if config["seeds"] not in range(1, SCALES[scale]["seeds"] + 1):
+        raise UserError(f"--seeds={config['seeds']}: 1 to {SCALES[scale]['seeds']} (how many of the seeds to run)")
+    result_name = f"plateau-{scale}" + ("" if config["seeds"] == SCALES[scale]["seeds"] else f"-{config['seeds']}seed")
+    check_writable([os.path.join(config["out_dir"], result_name + ext) for ext in (".md", ".json", ".png")])
+    s = dict(SCALES[scale], seeds=config["seeds"])
     t0 = time.perf_counter()
     splits, meta = load_dataset(config["dataset"], s["block_size"], prepare_if_missing=True)
     control = plateau_control(splits, meta, s, [v[:4] for v in VARIANTS])
@@ -168,8 +173,7 @@ def main():
     data.update(machine=machine_line(device, config), seconds=time.perf_counter() - t0, interrupted=interrupted)
     text = "\n".join(report(data, s))
     print("\n" + text)
-    base = os.path.join(config["out_dir"], f"plateau-{scale}" + ("-partial" if interrupted else ""))  # never
-    # over a whole result
+    base = os.path.join(config["out_dir"], result_name + ("-partial" if interrupted else ""))  # never over a whole one
     write_atomically(base + ".md", text + "\n", base + ".json", json.dumps(data, indent=1))
     plot(data, base + ".png")
     print(f"wrote {base}.md, .json and .png", flush=True)

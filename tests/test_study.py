@@ -184,3 +184,22 @@ def test_the_multiplier_interpolates_in_log_flops():
     assert crossing([0.25, 1], [0.4, 0.6], 0.5, lower_is_better=False) == pytest.approx(0.5)
     # not monotone: the first budget that reaches it counts, not the last
     assert crossing([1, 2, 4, 8], [3.0, 2.0, 2.6, 1.0], 2.5, lower_is_better=True) == pytest.approx(2 ** (0.5))
+
+
+def test_plateau_quick_runs_and_marks_where_each_run_left_the_plateau(char_dataset, tmp_path):
+    """experiments/plateau.py: every variant's validation curve (one point per evaluation) and the first
+    evaluation under its own control, which must agree with the curve and the control of its objective."""
+    result = run_script("experiments/plateau.py", "--quick", "--seeds=1", f"--dataset={char_dataset}",
+                        f"--out_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads((tmp_path / "plateau-quick-1seed.json").read_text())
+    from experiments import plateau
+    assert list(data["variants"]) == [v[0] for v in plateau.VARIANTS] and data["seeds"] == [1337]
+    for name, runs in data["variants"].items():
+        threshold = data["plateau_control"]["threshold"][name]
+        for run in runs:
+            iterations = [it for it, _ in run["curve"]]
+            assert iterations[0] == 0 and iterations[-1] == run["iterations"], (name, iterations)
+            under = [it for it, loss in run["curve"] if loss <= threshold]
+            assert run["left_at"] == (under[0] if under else None)
+    assert (tmp_path / "plateau-quick-1seed.md").read_text().count("| ") > 20
