@@ -2,7 +2,9 @@
 Question: at equal training compute, how do the five objectives compare on metrics that mean the same thing for
 every architecture, and which of the chapter's empirical claims (B1, C1, C2, C4, D1, D3, D5) hold at this scale?
 
-    python experiments/study.py --jobs=2        # CPU scale: STUDY_MINUTES on 2 cores -> results/study/study-cpu.*
+    python experiments/study.py --jobs=2        # CPU scale -> results/study/study-cpu.*: 117 minutes measured on 2
+                                                # cores shared with other jobs (a stop, then --reuse=True), its 84
+                                                # runs 196 minutes of training summed; alone, ~80 (estimated)
     python experiments/study.py --scale=gpu     # 6 layers x 384 dims, block 256, on one GPU
     python experiments/study.py --quick         # a smoke run in seconds (the test suite runs it) -> out-quick/
     python experiments/study.py --reuse=True    # after a Ctrl-C: finished runs of the same settings are reloaded

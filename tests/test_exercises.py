@@ -105,3 +105,17 @@ def test_half_of_a_solution_is_not_solved(tmp_path):
     assert subprocess.run(["git", "apply", str(half)], cwd=tree).returncode == 0
     status, output = check(tree, 10)
     assert status == 1 and "not solved: train.py accepts --switch_to=bert:mlm" in output, output
+
+
+def test_a_half_done_exercise_is_told_in_words(monkeypatch):
+    """Exercise 5 with rclm registered as an objective of gpt but no function making its batch: the check says
+    what is missing, not a bare KeyError."""
+    sys.path.insert(0, FOLDER)
+    try:
+        import check as checks
+    finally:
+        sys.path.remove(FOLDER)
+    import objectives
+    monkeypatch.setitem(objectives.OBJECTIVES_FOR_ARCH, "gpt", ("clm", "rclm"))
+    with pytest.raises(checks.Unsolved, match="BATCH_MAKERS has no function that makes its batch"):
+        checks.check_5()
