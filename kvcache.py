@@ -219,7 +219,9 @@ def compiled_step(device, frozen):
     return frozen_step
 
 
-def demo():  # python kvcache.py: claim D4 in numbers, on random weights, in a second
+if __name__ == "__main__":  # claim D4 in numbers, on random weights, in a second
+    import signal
+    signal.signal(getattr(signal, "SIGPIPE", signal.SIGINT), signal.SIG_DFL)  # | head: end quietly
     from model import ModelConfig, Transformer
     ids = torch.randint(0, 50, (1, 32), generator=torch.Generator().manual_seed(0))
     for arch in ("gpt", "bert"):
@@ -241,8 +243,3 @@ def demo():  # python kvcache.py: claim D4 in numbers, on random weights, in a s
         print(f"{arch}: two texts share their first 16 tokens, then differ: the states of the shared part differ "
               f"by {(states[0] - states[1]).abs().max().item():.1e}")
     print("gpt: an embedding pooled over a beginning cannot tell what follows it; bert's (an encoder's) can")
-
-
-if __name__ == "__main__":
-    from infra.configurator import run_demo  # | head, a full disk, Ctrl-C, stray arguments: one line each
-    run_demo(demo)

@@ -12,6 +12,8 @@ torch.nn.functional.scaled_dot_product_attention (SDPA) takes through `attention
 Run `python masks.py` to see the masks as ASCII grids, and claim A2: flattened, the prefix-LM mask and the
 encoder-decoder pattern have the same shape.
 """
+import os
+import sys
 
 import torch
 
@@ -155,5 +157,12 @@ def demo():
 
 
 if __name__ == "__main__":
-    from infra.configurator import run_demo  # | head, a full disk, Ctrl-C, stray arguments: one line each
-    run_demo(demo)
+    try:
+        demo()
+        sys.stdout.flush()
+    except BrokenPipeError:  # python masks.py | head: the reader has seen enough
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError as e:  # python masks.py > /dev/full
+        print(f"masks.py: error: cannot write to standard output ({e.strerror})", file=sys.stderr)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

@@ -362,7 +362,9 @@ def demo_density():
           f"{(left - right).abs().max().item():.3f} in p(x); the conditionals of one joint would agree (0)")
 
 
-def demo():  # python objectives.py: claims C1, C2, C4 on random tokens and random weights, in a second or two
+if __name__ == "__main__":  # claims C1, C2, C4 on random tokens and random weights, in a second or two
+    import signal
+    signal.signal(getattr(signal, "SIGPIPE", signal.SIGINT), signal.SIG_DFL)  # | head: end quietly
     specials, generator = synthetic_specials(65 + 106), torch.Generator().manual_seed(0)
     windows = torch.randint(0, 65, (64, 257), generator=generator)  # 64 windows of 256 tokens (+1 for clm)
     fractions = {}
@@ -381,8 +383,3 @@ def demo():  # python objectives.py: claims C1, C2, C4 on random tokens and rand
           f"{1 - masked - kept.item():.1%} a random token, {kept.item():.1%} kept (BERT's 80/10/10; a random token "
           f"can be the same one)")
     demo_density()
-
-
-if __name__ == "__main__":
-    from infra.configurator import run_demo  # | head, a full disk, Ctrl-C, stray arguments: one line each
-    run_demo(demo)
