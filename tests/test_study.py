@@ -88,7 +88,7 @@ def test_study_quick_runs_end_to_end(char_dataset, tmp_path):
     assert result["reused"] == shared and result["runs"] == shared + quick["seeds"]  # diffusion at 1.5 x trains
     assert result["learning_rates"] == {name: data["chosen_learning_rate"][name] for name in ("gpt", "bert",
                                                                                               "diffusion")}
-    for name in ("gpt", "bert", "diffusion"):  # the reused 1 x runs score as the study scored them
+    for name in ("gpt", "diffusion"):  # the reused 1 x runs score as the study scored them (bert: its cloze only)
         ours = sorted((run["seed"], run["bits"]) for run in result["runs_by_multiple"][name]["1"])
         assert ours == sorted((run["seed"], pytest.approx(run["second_half_bits_per_char"], rel=1e-6))
                               for run in data["models"][name]["seeds"])
