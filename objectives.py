@@ -121,10 +121,11 @@ def mlm(windows, specials, generator, arch="bert", rate=0.15, mask_fraction=0.8,
 
 # ----------------------------------------------------------------------------- masked diffusion
 
-def diffusion(windows, specials, generator, arch="bert", eps=1e-3, rate=None):
+def diffusion(windows, specials, generator, arch="bert", eps=1e-3, rate=None, stratified=True):
     """Masked diffusion (MDLM/LLaDA style): per sequence draw t ~ U(eps, 1), replace each text token by [MASK] with
     probability t (no 80/10/10), and weight the cross-entropy of masked positions by 1/t, averaged over all
-    positions. In expectation that is the ELBO, an upper bound on -log p(x) (claim C4). `rate` fixes t (tests)."""
+    positions. In expectation that is the ELBO, an upper bound on -log p(x) (claim C4). `rate` fixes t (tests);
+    stratified=False draws each row's t independently (experiments/plateau.py measures what stratifying saves)."""
     x = windows[:, :-1]
     B, T = x.shape
     if rate is not None:
@@ -132,7 +133,8 @@ def diffusion(windows, specials, generator, arch="bert", eps=1e-3, rate=None):
             raise ValueError(f"diffusion's masking rate must be in (0, 1], got {rate}")
         t = torch.full((B, 1), float(rate))
     else:  # stratified over the batch (MDLM's low-discrepancy sampler): same expectation, less gradient noise
-        u = (torch.rand(1, generator=generator) + torch.arange(B)[:, None] / B) % 1.0
+        u = ((torch.rand(1, generator=generator) + torch.arange(B)[:, None] / B) % 1.0 if stratified
+             else torch.rand(B, 1, generator=generator))  # (B, 1)
         t = eps + (1 - eps) * u
     masked = (torch.rand(B, T, generator=generator) < t) & (x < specials.num_ordinary)
     return Batch(inputs=torch.where(masked, specials.mask, x), targets=torch.where(masked, x, IGNORE_INDEX),

@@ -20,9 +20,15 @@ with their usual objectives (gpt clm, bert mlm, prefixlm and t5 prefix_lm: a ran
 the same training FLOPs as in study.py. Nothing tells them where the answers are. Evaluation reads the answer
 where each architecture naturally can: gpt at the query (left to right), prefixlm with the demonstrations and
 query as its bidirectional prefix, t5 with them in its encoder, bert from a [MASK] in the answer slot (as X3
-prompts it). Accuracy = the argmax over the 8 values at the answer slot. For gpt, an induction score per layer:
+prompts it). Accuracy = the argmax over the 8 values at the answer slot; beside it, how varied the answers are
+(how many of the 8 values a model ever answers, the share of its most common one): a model that always answers
+the same value sits near 12.5% without being a measurement near chance. For gpt, an induction score per layer:
 the attention weight from the query to the value that followed the same key in a demonstration (the copy an
 induction head makes), beside what uniform attention would give.
+
+Positive control: each architecture also trains (a quarter of the budget) on episodes that all show one fixed
+mapping, and is asked its keys with no demonstrations: that mapping can be learned only in the weights, so the
+control shows that the objective, the training and the readout at the answer slot can find an answer at all.
 """
 import json
 import math
@@ -66,6 +72,8 @@ SCALES = {  # model size and the FLOPs budget (as gpt iterations), the training 
 SETTINGS = dict(position="rope", learning_rate=3e-3)
 MODELS = [("gpt", "gpt", "clm", SETTINGS), ("bert", "bert", "mlm", SETTINGS),
           ("prefixlm", "prefixlm", "prefix_lm", SETTINGS), ("t5", "t5", "prefix_lm", SETTINGS)]
+CONTROL_BUDGET = 0.25  # the positive control's share of the budget: a lookup of 8 keys, learned in the weights
+CONTROL_PASS = 0.5  # a control run passes at 4 x chance or more
 
 
 # ----------------------------------------------------------------------------- the task
@@ -94,18 +102,20 @@ def unseen_mapping(rng, seen):
             return mapping
 
 
-def make_dataset(folder, train_chars, rng):
+def make_dataset(folder, train_chars, rng, fixed=None):
     """The training stream (90%: mappings that evaluation never uses) and a validation stream of unseen mappings
-    (10%), written like any prepared dataset. Returns the set of training mappings."""
+    (10%), written like any prepared dataset. Returns the set of training mappings. fixed: every episode of both
+    streams shows that one mapping instead (the positive control's text: the lookup learned in the weights)."""
     seen, parts, length = set(), [], 0
     while length < train_chars:
-        mapping = random_mapping(rng)
+        mapping = fixed or random_mapping(rng)
         seen.add(mapping)
         text, answer = make_episode(mapping, int(rng.integers(0, MAX_DEMONSTRATIONS + 1)), rng)
         parts.append(text + answer + "\n")
         length += len(parts[-1])
     while length < train_chars / 0.9 + 100:
-        text, answer = make_episode(unseen_mapping(rng, seen), int(rng.integers(0, MAX_DEMONSTRATIONS + 1)), rng)
+        text, answer = make_episode(fixed or unseen_mapping(rng, seen), int(rng.integers(0, MAX_DEMONSTRATIONS + 1)),
+                                    rng)
         parts.append(text + answer + "\n")
         length += len(parts[-1])
     text = "".join(parts)
@@ -134,18 +144,29 @@ def answer_logits(model, texts, stoi, specials, device):
     return model(ids, prefix_length=prefix)[0][:, -1]  # gpt / prefixlm: the query position predicts the answer
 
 
-def accuracy(model, episodes, stoi, specials, device):
-    """Share of episodes whose argmax over the 8 values is the answer (episodes grouped by length)."""
+def answers(model, episodes, stoi, specials, device):
+    """The value a model answers for each episode, in order: the argmax over the 8 values at the answer slot
+    (episodes of one length read together)."""
     value_ids = torch.tensor([stoi[v] for v in VALUES], device=device)
     by_length = {}
-    for text, answer in episodes:
-        by_length.setdefault(len(text), []).append((text, answer))
-    correct = 0
-    for group in by_length.values():
-        logits = answer_logits(model, [t for t, _ in group], stoi, specials, device)[:, value_ids]
-        predicted = [VALUES[i] for i in logits.argmax(dim=-1).tolist()]
-        correct += sum(p == a for p, (_, a) in zip(predicted, group))
-    return correct / len(episodes)
+    for number, (text, _) in enumerate(episodes):
+        by_length.setdefault(len(text), []).append(number)
+    predicted = [None] * len(episodes)
+    for numbers in by_length.values():
+        logits = answer_logits(model, [episodes[n][0] for n in numbers], stoi, specials, device)[:, value_ids]
+        for n, i in zip(numbers, logits.argmax(dim=-1).tolist()):
+            predicted[n] = VALUES[i]
+    return predicted
+
+
+def accuracy(model, episodes, stoi, specials, device, spread=None):
+    """Share of episodes answered right. spread: a dict that receives how varied the answers are ("distinct":
+    how many of the 8 values it ever answers; "most_common": the share of its most frequent answer), so that a
+    constant answer (accuracy near 1/8 whatever the demonstrations) is never read as a measurement near chance."""
+    predicted = answers(model, episodes, stoi, specials, device)
+    if spread is not None:
+        spread.update(distinct=len(set(predicted)), most_common=max(map(predicted.count, set(predicted))) / len(predicted))
+    return sum(p == a for p, (_, a) in zip(predicted, episodes)) / len(episodes)
 
 
 @torch.no_grad()
@@ -167,12 +188,21 @@ def induction_scores(model, episodes, stoi, device):
 # ----------------------------------------------------------------------------- the experiment
 
 def evaluate(model, name, eval_rng_seed, seen, s, stoi, specials, device):
-    """Accuracy against k on unseen mappings, with shuffled demonstrations, and on seen mappings (k = 8)."""
-    result = {"accuracy": {}}
+    """Accuracy against k on unseen mappings, with shuffled demonstrations, and on seen mappings (k = 8). For a
+    positive control run (name "<arch>, control"; `seen` is then its one mapping): accuracy on that mapping with
+    no demonstrations."""
+    if name.endswith(", control"):  # trained on one fixed mapping: asked it with no demonstrations
+        rng = np.random.default_rng(eval_rng_seed + 400)
+        fixed = [make_episode(seen, 0, rng) for _ in range(s["eval_episodes"])]  # (seen: the mapping, here)
+        result = {"spread": {}}
+        result["fixed_k0"] = accuracy(model, fixed, stoi, specials, device, result["spread"])
+        return result
+    result = {"accuracy": {}, "spread": {}}
     for k in K_VALUES:
         rng = np.random.default_rng(eval_rng_seed + k)  # the same episodes for every model and seed
         episodes = [make_episode(unseen_mapping(rng, seen), k, rng) for _ in range(s["eval_episodes"])]
-        result["accuracy"][k] = accuracy(model, episodes, stoi, specials, device)
+        result["spread"][k] = {}
+        result["accuracy"][k] = accuracy(model, episodes, stoi, specials, device, result["spread"][k])
     rng = np.random.default_rng(eval_rng_seed + 100)
     shuffled = [make_episode(unseen_mapping(rng, seen), 8, rng, shuffled=True) for _ in range(s["eval_episodes"])]
     result["shuffled_k8"] = accuracy(model, shuffled, stoi, specials, device)
@@ -210,6 +240,27 @@ def summarise(runs, s, budget, seconds, scale, machine):
                   fmt([r["models"][name]["seen_mappings_k8"] for r in runs])]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("| chance / demonstration-blind rule | " + " | ".join(["12.5"] * (len(K_VALUES) + 2)) + " |")
+    lines += ["", f"How varied the answers are (unseen mappings): how many of the 8 values a model ever answers, and "
+                  f"the share of its most common answer, mean over seeds. A model that answers one value whatever "
+                  f"it is shown scores near 12.5 without measuring anything near chance.", "",
+              "| model | " + " | ".join(f"k={k}: distinct, most common" for k in K_VALUES) + " |",
+              "|" + "---|" * (len(K_VALUES) + 1)]
+    for name in names:
+        cells = [f"{mean_std([r['models'][name]['spread'][k]['distinct'] for r in runs])[0]:.1f}, "
+                 f"{100 * mean_std([r['models'][name]['spread'][k]['most_common'] for r in runs])[0]:.0f}%"
+                 for k in K_VALUES]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", f"Positive control: each architecture trained on episodes of one fixed mapping ({CONTROL_BUDGET:g} x "
+                  f"the budget, the same format, objective and readout), then asked its keys with no "
+                  f"demonstrations (k = 0): the mapping can only come from the weights. It shows that training and "
+                  f"readout can find an answer at this slot at all. Passing: at least {100 * CONTROL_PASS:.0f}% "
+                  f"({CONTROL_PASS * 8:g} x chance).", "", "| model | accuracy per seed (%) | distinct answers | past |",
+              "|---|---|---|---|"]
+    for name in names:
+        scores = [r["controls"][name]["fixed_k0"] for r in runs]
+        lines.append(f"| {name} | {', '.join(f'{100 * v:.1f}' for v in scores)} | "
+                     f"{', '.join(str(r['controls'][name]['spread']['distinct']) for r in runs)} | "
+                     f"{sum(v >= CONTROL_PASS for v in scores)}/{len(scores)} |")
     induction = [r["models"]["gpt"]["induction"] for r in runs]
     uniform = sum(r["models"]["gpt"]["induction_uniform"] for r in runs) / len(runs)
     lines += ["", f"gpt's induction score per layer (attention from the query to the value after the matching "
@@ -244,14 +295,24 @@ def main():
     t0 = time.perf_counter()
     folder = os.path.join(config["out_dir"], "checkpoints", f"incontext-{scale}-data")
     seen = make_dataset(folder, s["train_chars"], np.random.default_rng(config["seed"]))
+    fixed = random_mapping(np.random.default_rng(config["seed"] + 1))  # the positive control's one mapping
+    control_folder = folder.replace("-data", "-control-data")
+    make_dataset(control_folder, s["train_chars"], np.random.default_rng(config["seed"] + 2), fixed=fixed)
     _, meta = load_dataset(folder, s["block_size"], prepare_if_missing=False)
     specials, stoi = objectives.Specials.from_meta(meta), meta["stoi"]
+    controls = [(f"{name}, control", arch, objective, dict(settings, dataset=control_folder,
+                                                           budget_fraction=CONTROL_BUDGET))
+                for name, arch, objective, settings in MODELS]
     runs, budget, interrupted = train_and_evaluate_seeds(
-        "incontext", MODELS, s, folder, os.path.join(config["out_dir"], "checkpoints", f"incontext-{scale}"), device,
-        meta, config, lambda trained: {name: evaluate(result["model"].eval(), name, config["seed"], seen, s, stoi,
-                                                      specials, device) for name, result in trained.items()})
+        "incontext", MODELS + controls, s, folder, os.path.join(config["out_dir"], "checkpoints", f"incontext-{scale}"),
+        device, meta, config, lambda trained: {name: evaluate(result["model"].eval(), name, config["seed"],
+                                                              fixed if name.endswith(", control") else seen, s,
+                                                              stoi, specials, device)
+                                               for name, result in trained.items()})
     if not runs:
         raise KeyboardInterrupt  # before any seed finished: run_main says what is kept (status 130)
+    for run in runs:  # the controls apart from the compared models
+        run["controls"] = {name: run["models"].pop(f"{name}, control") for name, *_ in MODELS}
     seconds = time.perf_counter() - t0
     text = summarise(runs, s, budget, seconds, scale, machine_line(device, config))
     if len(runs) < s["seeds"]:
@@ -260,7 +321,7 @@ def main():
     base = os.path.join(config["out_dir"], f"incontext-{scale}")
     write_atomically(base + ".md", text + "\n", base + ".json", json.dumps(
         {"scale": scale, "sizes": s, "budget_flops": budget, "seconds": seconds, "runs": runs,
-         "training_mappings": len(seen)}, indent=1))
+         "training_mappings": len(seen), "control_mapping": fixed, "control_budget": CONTROL_BUDGET}, indent=1))
     picture = plot(runs, base + ".png")
     print(f"\nwrote {base}.md, .json{' and .png' if picture else ''} in {format_duration(seconds)}")
     if interrupted:

@@ -204,7 +204,8 @@ def main():
         return f"{folder}-budget{m:g}-seed{seed}-{name}"
 
     runs = {(name, m, seed): study.study_run(by_name[name], rates[name], seed, run_folder(name, m, seed), m)
-            for name, ms in trained_multiples.items() for m in ms for seed in seeds}
+            for m in multiples for name, ms in trained_multiples.items() if m in ms for seed in seeds}
+    # (smallest budgets first: a stop leaves every model's curve complete up to the largest multiple finished)
     print(f"[multiplier] {len(runs)} runs: gpt at {', '.join(f'{m:g}' for m in trained_multiples['gpt'])} x, bert "
           f"and diffusion at {', '.join(f'{m:g}' for m in multiples)} x the study's budget, seeds "
           f"{', '.join(map(str, seeds))} (the study's finished runs are reused)", flush=True)

@@ -18,9 +18,13 @@ Every variant trains at the study's CPU shape (4 layers x 128, block 64, batch 1
 time). One thing changes from the old recipe (learned positions, rate 1e-3 with 100 warmup iterations): the position
 encoding, learned (a table the model must train) against rotary (relative position in every attention score from
 the first step), for bert and diffusion; t5 and gpt with learned positions as references (gpt's causal mask tells
-each position how many came before it, claim D5). Not varied here: the learning rate, the warmup, the batch, the
-initialisation (GPT-2's N(0, 0.02)) and diffusion's time sampler, already stratified over the batch (MDLM's
-low-discrepancy sampler, objectives.diffusion); the study's sweep covers the rate.
+each position how many came before it, claim D5). Then the optimisation, one change at a time, on bert and
+diffusion with learned positions (the variants that stayed longest on the plateau): a 4 x longer warmup, the rate
+3 x lower and 3 x higher (bert), twice the batch (half the steps: the same FLOPs). Diffusion's time sampler is
+measured rather than retrained: time_sampler_noise, on each diffusion run of the first seed, compares the spread of
+the training loss with t stratified over the batch (training's, MDLM's low-discrepancy sampler), drawn
+independently per row, and fixed (no 1/t spread). Not varied: the initialisation (GPT-2's N(0, 0.02), fixed in
+model.py).
 A run leaves the plateau at the first evaluation where its validation loss is at least 0.3 nats under its
 objective's context-free reference (study.plateau_control, computed from the data: for bert and diffusion nearly
 what character frequencies give); the table gives that iteration per seed ("never" when it did not by the end) and
@@ -34,12 +38,16 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/plateau.py
 import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while it loads ends quietly)
 
+import numpy as np
+import torch
+
+import objectives
 from experiments.equal_compute import machine_line, resolve_experiment, train_all
 from experiments.study import SCALES as STUDY_SCALES
 from experiments.study import plateau_control
 from experiments.study_report import plus_minus
 from infra.configurator import QUICK_NOTE, UserError, run_main
-from infra.dataset import load_dataset
+from infra.dataset import get_windows, load_dataset
 from infra.progress import check_writable, format_duration, format_flops, write_atomically
 from infra.plots import pyplot
 
@@ -58,7 +66,23 @@ VARIANTS = [  # name, arch, objective, settings, seeds (--seeds_of_contrasts=2: 
     ("diffusion, learned positions", "bert", "diffusion", OLD, 2),
     ("diffusion, rotary positions", "bert", "diffusion", dict(OLD, position="rope"), 2),
     ("t5, learned positions", "t5", "span_corruption", OLD, 1),
+    # the optimisation, one change at a time, on the variants that stayed longest on the plateau (learned positions)
+    ("bert, learned, warmup 400", "bert", "mlm", dict(OLD, warmup_iters=400), 2),
+    ("bert, learned, rate 3e-4", "bert", "mlm", dict(OLD, learning_rate=3e-4, min_lr=3e-5), 2),
+    ("bert, learned, rate 3e-3", "bert", "mlm", dict(OLD, learning_rate=3e-3, min_lr=3e-4), 2),
+    ("bert, learned, batch x2", "bert", "mlm", dict(OLD, batch_factor=2), 2),  # half the steps: the same FLOPs
+    ("diffusion, learned, warmup 400", "bert", "diffusion", dict(OLD, warmup_iters=400), 2),
+    ("diffusion, learned, batch x2", "bert", "diffusion", dict(OLD, batch_factor=2), 2),
 ]
+NOISE_BATCHES = {"cpu": 200, "gpu": 200, "quick": 4}  # batches per time sampler in time_sampler_noise
+
+
+def with_batch(settings, s):
+    """A variant's train.py settings: batch_factor (a multiple of the scale's batch) made a batch_size."""
+    settings = dict(settings)
+    if "batch_factor" in settings:
+        settings["batch_size"] = s["batch_size"] * settings.pop("batch_factor")
+    return settings
 
 
 def curve(out_dir):
@@ -72,6 +96,28 @@ def curve(out_dir):
 def left_plateau(points, threshold):
     """The first iteration whose validation loss is at or under the control's threshold; None if none is."""
     return next((it for it, loss in points if loss <= threshold), None)
+
+
+def time_sampler_noise(model, splits, meta, s, seed, batches):
+    """How noisy diffusion's training loss is as an estimate of its ELBO, for a trained model: over `batches`
+    batches of the study's size (validation windows, the same windows for every sampler), the mean and std of the
+    batch loss when t is stratified over the batch (training's sampler), drawn independently per row, and fixed
+    at 0.5 (no 1/t spread at all: a reference for the noise the masked positions and the text alone give; its mean
+    is a different quantity)."""
+    specials = objectives.Specials.from_meta(meta)
+    rng = np.random.default_rng(seed)
+    samplers = {"stratified t": dict(stratified=True), "independent t": dict(stratified=False),
+                "t fixed at 0.5": dict(rate=0.5)}
+    generators = {name: torch.Generator().manual_seed(seed) for name in samplers}
+    losses = {name: [] for name in samplers}
+    model.eval()
+    with torch.no_grad():
+        for _ in range(batches):
+            windows = get_windows(splits["val"], s["batch_size"], s["block_size"], rng)
+            for name, knobs in samplers.items():
+                batch = objectives.diffusion(windows, specials, generators[name], **knobs)
+                losses[name].append(model(**batch.model_inputs())[1].item())
+    return {name: {"mean": float(np.mean(v)), "std": float(np.std(v, ddof=1))} for name, v in losses.items()}
 
 
 def report(data, s):
@@ -101,6 +147,19 @@ def report(data, s):
         passed = sum(loss <= control["threshold"][name] for loss in final)
         lines.append(f"| {name} | {runs[0]['objective']} | {control['reference'][name]:.3f} | {at} | "
                      f"{plus_minus(final)} | {passed}/{len(runs)} |")
+    if data.get("noise"):
+        lines += ["", f"Diffusion's time sampler: the batch loss (its ELBO estimate, nats) over "
+                      f"{data['noise_batches']} validation batches of {s['batch_size']} windows, the same windows for "
+                      f"each sampler, at the end of each diffusion run of seed {data['seeds'][0]} "
+                      f"(plateau.time_sampler_noise). Training draws t stratified over the batch (MDLM's "
+                      f"low-discrepancy sampler); independent t is the plain alternative; t fixed at 0.5 removes "
+                      f"the 1/t weight's spread (a reference: its mean is not the ELBO).", "",
+                  "| run | " + " | ".join(f"{n}: mean +- std" for n in next(iter(data["noise"].values()))) +
+                  " | std, independent / stratified |", "|---|---|---|---|---|"]
+        for name, noise in data["noise"].items():
+            ratio = noise["independent t"]["std"] / noise["stratified t"]["std"]
+            lines.append(f"| {name} | " + " | ".join(f"{v['mean']:.3f} +- {v['std']:.3f}" for v in noise.values())
+                         + f" | {ratio:.2f} |")
     if data.get("interrupted"):
         lines += ["", "**Interrupted: the seeds above are the ones that finished.**"]
     return lines
@@ -146,7 +205,7 @@ def main():
     data = {"scale": scale, "plateau_control": control, "variants": {v[0]: [] for v in VARIANTS}, "seeds": []}
     interrupted = False
     for number, seed in enumerate(config["seed"] + k for k in range(s["seeds"])):
-        models = [(name, arch, objective, dict(settings, eval_interval=s["eval_every"]))
+        models = [(name, arch, objective, dict(with_batch(settings, s), eval_interval=s["eval_every"]))
                   for name, arch, objective, settings, seeds in VARIANTS if number < seeds]
         print(f"[plateau] seed {seed} ({number + 1}/{s['seeds']}): {len(models)} variants, "
               f"{format_duration(time.perf_counter() - t0)} so far", flush=True)
@@ -157,6 +216,10 @@ def main():
             interrupted = True
             break
         for name, result in trained.items():
+            if number == 0 and result["objective"] == "diffusion":  # what stratifying t saves (report's 2nd table)
+                data.setdefault("noise", {})[name] = time_sampler_noise(result["model"], splits, meta, s, seed,
+                                                                         NOISE_BATCHES[scale])
+                data["noise_batches"] = NOISE_BATCHES[scale]
             points = curve(result["out_dir"])
             data["variants"][name].append({"seed": seed, "objective": result["objective"], "curve": points,
                                            "seconds": result.get("seconds", 0), "reused": bool(result.get("reused")),

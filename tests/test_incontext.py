@@ -59,5 +59,12 @@ def test_quick_run_end_to_end(tmp_path):
             assert set(model["accuracy"]) == {str(k) for k in incontext.K_VALUES}
             assert all(0.0 <= a <= 1.0 for a in model["accuracy"].values())
     assert len(data["runs"][0]["models"]["gpt"]["induction"]) == 1  # one layer at the quick scale
+    for run in data["runs"]:  # the spread beside every accuracy, and the positive control of every arch
+        for name, model in run["models"].items():
+            for k, spread in model["spread"].items():
+                assert 1 <= spread["distinct"] <= 8 and 1 / 8 <= spread["most_common"] <= 1
+        assert set(run["controls"]) == set(run["models"])
+        assert all(0.0 <= c["fixed_k0"] <= 1.0 for c in run["controls"].values())
     table = (tmp_path / "incontext-quick.md").read_text()
     assert table.count("\n| ") >= 5 and "12.5" in table
+    assert "Positive control" in table and "distinct, most common" in table

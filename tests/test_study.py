@@ -203,3 +203,6 @@ def test_plateau_quick_runs_and_marks_where_each_run_left_the_plateau(char_datas
             under = [it for it, loss in run["curve"] if loss <= threshold]
             assert run["left_at"] == (under[0] if under else None)
     assert (tmp_path / "plateau-quick-1seed.md").read_text().count("| ") > 20
+    diffusion_runs = [v[0] for v in plateau.VARIANTS if v[2] == "diffusion"]  # time_sampler_noise, each of them
+    assert list(data["noise"]) == diffusion_runs
+    assert all(set(n) == {"stratified t", "independent t", "t fixed at 0.5"} for n in data["noise"].values())
