@@ -62,7 +62,7 @@ from experiments.tasks import classification_scores, ngram_features, read_texts,
 from infra.configurator import QUICK_NOTE, UserError, output_folder, run_main
 from infra.progress import StopSignals, check_writable, format_duration
 from infra.timing import median_time
-from infra.plots import pyplot
+from infra.plots import pyplot, save
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/structural",
                 study_dir="results/study",  # where experiments/study.py and finetune.py keep their checkpoints
@@ -508,7 +508,7 @@ def plot(data, path):
     axes[1].set_title(f"reranking: hits@1 of {data['settings']['candidates']} (%)")
     axes[1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path, dpi=110)
 
 
 def main():

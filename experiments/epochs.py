@@ -54,7 +54,7 @@ from infra.timing import machine_name
 from experiments.equal_compute import resolve_experiment
 from experiments.study import character_frequency_bits, second_half_bits
 from experiments.study_report import mean_std
-from infra.plots import pyplot
+from infra.plots import pyplot, save
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/study",
                 seed=1337, fresh=False, quiet=True)  # quiet=False: the training log lines of every run too
@@ -243,7 +243,7 @@ def plot(table, best, data, path):
     axis.set_title(f"Repeated data: {data['unique_chars']:,} unique characters (star = best epoch)")
     axis.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save(fig, path, dpi=120)
 
 
 def seconds_left(timings, todo):

@@ -45,7 +45,7 @@ from experiments.equal_compute import check_jobs, equal_flops_config, flops_budg
 from infra.train_config import MODEL_KEYS
 from experiments.study_report import mean_std
 from experiments.tasks import CANDIDATES, TASKS, baselines, classification_scores, make_task, read_texts, retrieval_scores
-from infra.plots import pyplot
+from infra.plots import pyplot, save
 
 DEFAULTS = dict(
     init_from="",            # a train.py out_dir (its ckpt.pt), or a published name / save_pretrained folder
@@ -490,7 +490,7 @@ def study_plot(data, path):
         axis.set_title(f"{task} ({metric}, %)")
         axis.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save(fig, path, dpi=120)
 
 
 # ----------------------------------------------------------------------------- one checkpoint, one task

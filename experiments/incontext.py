@@ -48,7 +48,7 @@ from data.prepare_common import write_dataset
 from infra.dataset import load_dataset
 from infra.progress import format_duration, format_flops, write_atomically
 from experiments.equal_compute import machine_line, resolve_experiment, train_and_evaluate_seeds
-from infra.plots import pyplot
+from infra.plots import pyplot, save
 
 KEYS, VALUES = "abcdefgh", "ABCDEFGH"
 MAX_DEMONSTRATIONS = 16
@@ -277,7 +277,7 @@ def plot(runs, path):
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in runs[0]["models"]:
-        stats = [mean_std([100 * r["models"][name]["accuracy"][k] for r in runs]) for k in K_VALUES]
+        stats = [mean_std([100 * r["models"][name]["accuracy"][str(k)] for r in runs]) for k in K_VALUES]
         ax.errorbar(K_VALUES, [m for m, _ in stats], yerr=[d for _, d in stats], marker="o", capsize=3, label=name)
     ax.axhline(12.5, color="gray", linestyle="--", label="chance (no rule without the demonstrations does better)")
     ax.set_xlabel("demonstrations k")
@@ -285,7 +285,7 @@ def plot(runs, path):
     ax.set_title("In-context learning at equal training FLOPs (claims C5, X3)")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save(fig, path, dpi=120)
     return path
 
 
@@ -322,7 +322,7 @@ def main():
     write_atomically(base + ".md", text + "\n", base + ".json", json.dumps(
         {"scale": scale, "sizes": s, "budget_flops": budget, "seconds": seconds, "runs": runs,
          "training_mappings": len(seen), "control_mapping": fixed, "control_budget": CONTROL_BUDGET}, indent=1))
-    picture = plot(runs, base + ".png")
+    picture = plot(json.loads(json.dumps(runs)), base + ".png")  # as experiments/redraw.py reads them back
     print(f"\nwrote {base}.md, .json{' and .png' if picture else ''} in {format_duration(seconds)}")
     if interrupted:
         raise KeyboardInterrupt  # the stop asked for ends the command (status 130) once the seeds finished are written

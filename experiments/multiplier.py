@@ -48,7 +48,7 @@ from experiments.study_report import mean_std, plus_minus
 from infra.configurator import QUICK_NOTE, UserError, run_main
 from infra.dataset import get_windows, load_dataset
 from infra.progress import StopSignals, format_duration, format_flops, write_atomically
-from infra.plots import pyplot
+from infra.plots import pyplot, save
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/study",
                 seed=1337, quiet=True,
@@ -170,7 +170,7 @@ def plot(data, path):
         axis.legend()
     fig.suptitle(f"The compute multiplier, scale {data['scale']}, mean +- std over {len(data['seeds'])} seeds")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path, dpi=110)
 
 
 def main():

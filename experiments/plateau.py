@@ -49,7 +49,7 @@ from experiments.study_report import plus_minus
 from infra.configurator import QUICK_NOTE, UserError, run_main
 from infra.dataset import get_windows, load_dataset
 from infra.progress import check_writable, format_duration, format_flops, write_atomically
-from infra.plots import pyplot
+from infra.plots import pyplot, save
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/study",
                 seed=1337, quiet=True, reuse=False,  # reuse=True: load runs finished earlier with the same settings
@@ -188,7 +188,7 @@ def plot(data, path):
     axes[0].set_ylabel("validation loss, own objective (nats)")
     fig.suptitle(f"Leaving the plateau, scale {data['scale']}, every seed a line")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path, dpi=110)
 
 
 def main():

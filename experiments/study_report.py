@@ -14,7 +14,7 @@ import numpy as np
 
 from infra.configurator import QUICK_NOTE
 from infra.progress import format_flops
-from infra.plots import pyplot
+from infra.plots import pyplot, save
 
 LN2 = math.log(2)
 
@@ -309,4 +309,4 @@ def plot(data, path):
     fig.suptitle(f"Equal compute ({data['budget_flops'] / 1e12:.1f} TFLOP each), scale {data['scale']}, "
                  f"mean +- std over {len(data['seeds'])} seeds")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save(fig, path, dpi=120)

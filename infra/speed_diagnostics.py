@@ -35,7 +35,7 @@ from infra.progress import Progress
 from infra.configurator import QUICK_OUTPUT, UserError
 from infra.progress import check_writable
 from infra.timing import matmul_flops_per_second, median_time, mfu_text, time_once
-from infra.plots import pyplot
+from infra.plots import pyplot, save
 
 
 # ----------------------------------------------------------------------------- tables
@@ -389,7 +389,7 @@ def plot(results, path):
     ax.set_title("Decoding cost against context (claim D4)")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save(fig, path, dpi=120)
     return path
 
 

@@ -77,7 +77,7 @@ def test_every_figure_of_the_guide_is_in_the_result_file_its_line_links():
     holds, whole and to its digits, as the README's table does."""
     missing = []
     for line in guide().splitlines():
-        links = [link for link in re.findall(r"\]\(\.\./(results/[^)]+)\)", line)]
+        links = [link for link in re.findall(r"\]\(\.\./(results/[^)]+)\)", line) if not link.endswith(".png")]
         if not links:
             continue
         files = "".join(open(os.path.join(ROOT, link), encoding="utf-8").read() for link in links)

@@ -160,7 +160,8 @@ def test_every_headline_number_of_the_readme_is_in_its_result_file():
     for row in rows:
         cells = [cell.strip() for cell in row.strip("|").split("|")]
         headline, links = cells[1], re.findall(r"\]\(([^)]+)\)", cells[-1])
-        files = "".join(open(os.path.join(ROOT, link), encoding="utf-8").read() for link in links)
+        files = "".join(open(os.path.join(ROOT, link), encoding="utf-8").read() for link in links
+                        if not link.endswith(".png"))  # (a row's plot beside its table)
         files = files.replace(" ± ", " +- ").replace("%", "")  # "49.1% +- 0.5" and "49.1 +- 0.5%" alike
         for number in re.findall(r"\d+(?:\.\d+)?(?: \+- \d+(?:\.\d+)?)?(?:%|x)?", headline):
             if re.fullmatch(r"\d{1,3}", number) and "." not in number:
@@ -169,3 +170,29 @@ def test_every_headline_number_of_the_readme_is_in_its_result_file():
             if not re.search(r"(?<![\d.])" + re.escape(value) + r"(?![\d]|\.\d|e[-+]?\d)", files):
                 missing.append(f"{cells[0]}: {number}")
     assert not missing, missing
+
+
+def committed_plots():
+    return sorted(f for f in tracked_files() if f.startswith("results/") and f.endswith(".png"))
+
+
+def test_every_committed_plot_is_drawn_from_the_json_beside_it():
+    """infra/plots.save stamps a plot with the sha256 of the JSON it was drawn from: a table rerun (its JSON
+    rewritten) without its plot redrawn fails here (python experiments/redraw.py redraws them all)."""
+    from infra.plots import json_digest, stamp
+    plots = committed_plots()
+    assert plots
+    for path in plots:
+        full = os.path.join(ROOT, path)
+        name, digest = json_digest(full)
+        assert stamp(full) == f"{name} sha256 {digest}", (
+            f"{path} was not drawn from the {name} beside it: python experiments/redraw.py {path}")
+
+
+def test_every_committed_plot_is_shown_where_its_table_is_read():
+    """A plot nobody links is a plot nobody sees: each is shown beside its table's words (docs/results.md,
+    docs/speed.md), the guide or the README."""
+    pages = "".join(open(os.path.join(ROOT, page), encoding="utf-8").read()
+                    for page in ("README.md", "docs/results.md", "docs/speed.md", "docs/chapter.md"))
+    missing = [path for path in committed_plots() if os.path.basename(path) not in pages]
+    assert not missing, f"plots linked from no page: {missing}"

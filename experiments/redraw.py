@@ -1,0 +1,64 @@
+"""
+Question: does each committed plot show the run its table shows? Every plot redrawn from the JSON beside it, by
+the function its own command draws it with (infra/plots.py stamps each PNG with its JSON's digest;
+tests/test_house.py checks every committed plot against its JSON). Needs matplotlib.
+
+    python experiments/redraw.py          # every results/**/<name>.png with its .json: 0.2 minutes on 2 cores
+    python experiments/redraw.py results/study/study-cpu.png      # some
+"""
+import glob
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/redraw.py
+import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while it loads ends quietly)
+
+from infra.configurator import UserError, run_main
+from infra.plots import pyplot
+
+
+def draw_epochs(data, path):
+    from experiments import epochs
+    s = dict(epochs.SCALES[data["settings"]["scale"]], **data["settings"])
+    table, best, _ = epochs.summarise(data["runs"], s)
+    epochs.plot(table, best, data, path)
+
+
+def drawer(name):
+    """How the command that wrote results/**/<name>.json draws its plot: the name's first word says which."""
+    kind = name.split("-")[0]
+    if kind == "bench":
+        from infra.speed_diagnostics import plot
+    elif kind == "study":
+        from experiments.study_report import plot
+    elif kind == "finetune":
+        from experiments.finetune import study_plot as plot
+    elif kind == "incontext":
+        from experiments.incontext import plot as draw_runs
+        return lambda data, path: draw_runs(data["runs"], path)
+    elif kind == "epochs":
+        return draw_epochs
+    elif kind in ("plateau", "multiplier", "encoders"):
+        plot = __import__(f"experiments.{kind}", fromlist=["plot"]).plot
+    else:
+        raise UserError(f"{name}.png: no command of this project draws a plot of that name")
+    return plot
+
+
+def main():
+    paths = sys.argv[1:] or sorted(glob.glob("results/**/*.png", recursive=True))
+    if pyplot() is None:
+        raise UserError("redrawing plots needs matplotlib: pip install matplotlib")
+    for path in paths:
+        source = os.path.splitext(path)[0] + ".json"
+        if not path.endswith(".png") or not os.path.exists(source):
+            raise UserError(f"{path}: give a .png with its .json beside it")
+        with open(source) as f:
+            data = json.load(f)
+        drawer(os.path.basename(os.path.splitext(path)[0]))(data, path)
+        print(f"redrew {path} from {source}", flush=True)
+
+
+if __name__ == "__main__":
+    run_main(main)
