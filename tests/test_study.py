@@ -206,3 +206,22 @@ def test_plateau_quick_runs_and_marks_where_each_run_left_the_plateau(char_datas
     diffusion_runs = [v[0] for v in plateau.VARIANTS if v[2] == "diffusion"]  # time_sampler_noise, each of them
     assert list(data["noise"]) == diffusion_runs
     assert all(set(n) == {"stratified t", "independent t", "t fixed at 0.5"} for n in data["noise"].values())
+
+
+def test_attention_quick_draws_both_masks_and_their_even_references(char_dataset, tmp_path):
+    """experiments/attention.py: gpt gives exactly nothing to positions on its right (the causal mask, claim A1),
+    bert does; the 'even over the mask' references are the closed forms (causal: 1 / (i + 1) to each of i + 1
+    positions; bidirectional: 1 / T to each)."""
+    result = run_script("experiments/attention.py", "--quick", f"--dataset={char_dataset}", f"--out_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads((tmp_path / "attention-quick.json").read_text())
+    T = data["length"]
+    for layer in data["statistics"]["gpt"]:
+        assert layer["trained"]["right of it"] == 0.0 and layer["trained"]["right neighbour"] == 0.0
+        assert layer["even over the mask"]["itself"] == pytest.approx(sum(1 / (i + 1) for i in range(T)) / T)
+        assert layer["even over the mask"]["left neighbour"] == pytest.approx(sum(1 / (i + 1) for i in range(1, T))
+                                                                             / (T - 1))
+    for layer in data["statistics"]["bert"]:
+        assert layer["trained"]["right of it"] > 0.05
+        assert layer["even over the mask"]["right of it"] == pytest.approx((T - 1) / (2 * T))
+    assert len(data["picture"]["gpt"]) == data["n_layer"]
