@@ -86,3 +86,16 @@ def test_every_figure_of_the_guide_is_in_the_result_file_its_line_links():
             if not re.search(r"(?<![\d.])" + re.escape(number) + r"(?![\d]|\.\d|e[-+]?\d)", files):
                 missing.append(f"{number} in: {line[:80]}")
     assert not missing, missing
+
+
+def test_every_exercise_is_linked_from_the_section_it_belongs_to():
+    """Each handout is linked from a section of the guide (一 to 六), in an item that names the claim it is about."""
+    text = open(GUIDE, encoding="utf-8").read()
+    items = re.split(r"\n(?=- |### )", text.split("## 十个检查点")[0])  # the sections' bullet items
+    handouts = sorted(f for f in os.listdir(os.path.join(ROOT, "exercises")) if re.match(r"\d\d-.*\.md$", f))
+    assert len(handouts) >= 12
+    for handout in handouts:
+        claim = re.search(r"Claim ([A-FX]\d)", open(os.path.join(ROOT, "exercises", handout), encoding="utf-8").read())
+        homes = [item for item in items if f"../exercises/{handout}" in item]
+        assert homes, f"{handout} is linked from no section of the guide"
+        assert claim and any(claim.group(1) in item for item in homes), (handout, claim)
