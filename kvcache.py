@@ -219,9 +219,8 @@ def compiled_step(device, frozen):
     return frozen_step
 
 
-if __name__ == "__main__":  # claim D4 in numbers, on random weights, in a second
-    import signal
-    signal.signal(getattr(signal, "SIGPIPE", signal.SIGINT), signal.SIG_DFL)  # | head: end quietly
+def demo():
+    """What `python kvcache.py` prints: claim D4 in numbers, on random weights, in a second."""
     from model import ModelConfig, Transformer
     ids = torch.randint(0, 50, (1, 32), generator=torch.Generator().manual_seed(0))
     for arch in ("gpt", "bert"):
@@ -243,3 +242,7 @@ if __name__ == "__main__":  # claim D4 in numbers, on random weights, in a secon
         print(f"{arch}: two texts share their first 16 tokens, then differ: the states of the shared part differ "
               f"by {(states[0] - states[1]).abs().max().item():.1e}")
     print("gpt: an embedding pooled over a beginning cannot tell what follows it; bert's (an encoder's) can")
+
+
+if __name__ == "__main__":
+    masks.run_demo(demo, "kvcache.py")

@@ -156,13 +156,30 @@ def demo():
                         show(torch.ones(3, 8, dtype=torch.bool).tril(), "top-left (is_causal=True)")]))
 
 
-if __name__ == "__main__":
+def run_demo(demo, script):
+    """`python <script>` for every chapter file (masks, model, objectives, kvcache): run its demo. It takes no
+    arguments: --help says what it shows, anything else is one line and status 2. Under `| head` it ends quietly;
+    on a full disk, one line and status 1."""
+    arguments = sys.argv[1:]
+    if arguments in (["--help"], ["-h"]):
+        print(sys.modules["__main__"].__doc__.strip().split("\n\n")[0] + f"\n\npython {script} takes no arguments: "
+              "it prints its demo.")
+        return
+    if arguments:
+        print(f"{script}: error: unrecognized argument {arguments[0]!r}: python {script} takes no arguments "
+              f"(it prints its demo; --help says what it shows)", file=sys.stderr)
+        sys.exit(2)
     try:
         demo()
-        sys.stdout.flush()
+        if sys.stdout is not None:  # (None: started with stdout closed, `>&-`; print() wrote nothing)
+            sys.stdout.flush()
     except BrokenPipeError:  # python masks.py | head: the reader has seen enough
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except OSError as e:  # python masks.py > /dev/full
-        print(f"masks.py: error: cannot write to standard output ({e.strerror})", file=sys.stderr)
+        print(f"{script}: error: cannot write to standard output ({e.strerror})", file=sys.stderr)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
+
+
+if __name__ == "__main__":
+    run_demo(demo, "masks.py")

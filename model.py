@@ -395,9 +395,8 @@ def describe(model):
     return f"{c.arch}: {stacks}, {c.n_head} heads, {c.n_embd} dims, {model.num_parameters() / 1e6:.2f}M parameters"
 
 
-if __name__ == "__main__":  # claims B3, A1 and D5 in a few seconds, on random weights
-    import signal
-    signal.signal(getattr(signal, "SIGPIPE", signal.SIGINT), signal.SIG_DFL)  # | head: end quietly
+def demo():
+    """What `python model.py` prints: claims B3, A1 and D5 in a few seconds, on random weights."""
     for preset in ("gpt2", "bert-base", "t5-small"):  # the published sizes, built without memory (meta device)
         with torch.device("meta"):
             print(f"B3: {preset:10s} {describe(Transformer(config_from_preset(preset)))}", flush=True)
@@ -415,3 +414,7 @@ if __name__ == "__main__":  # claims B3, A1 and D5 in a few seconds, on random w
                   f"{(forward - backward).abs().max().item():.1e}")
     print("D5: bert reads a bag of tokens and cannot tell the order; under the causal mask a position sees itself "
           "and the tokens before it, so how much it sees tells it where it is")
+
+
+if __name__ == "__main__":
+    masks.run_demo(demo, "model.py")

@@ -364,9 +364,8 @@ def demo_density():
           f"{(left - right).abs().max().item():.3f} in p(x); the conditionals of one joint would agree (0)")
 
 
-if __name__ == "__main__":  # claims C1, C2, C4 on random tokens and random weights, in a second or two
-    import signal
-    signal.signal(getattr(signal, "SIGPIPE", signal.SIGINT), signal.SIG_DFL)  # | head: end quietly
+def demo():
+    """What `python objectives.py` prints: claims C1, C2, C4 on random tokens and weights, in a second or two."""
     specials, generator = synthetic_specials(65 + 106), torch.Generator().manual_seed(0)
     windows = torch.randint(0, 65, (64, 257), generator=generator)  # 64 windows of 256 tokens (+1 for clm)
     fractions = {}
@@ -385,3 +384,8 @@ if __name__ == "__main__":  # claims C1, C2, C4 on random tokens and random weig
           f"{1 - masked - kept.item():.1%} a random token, {kept.item():.1%} kept (BERT's 80/10/10; a random token "
           f"can be the same one)")
     demo_density()
+
+
+if __name__ == "__main__":
+    import masks  # its run_demo: every chapter file's demo starts the same way
+    masks.run_demo(demo, "objectives.py")

@@ -440,3 +440,27 @@ def test_a_stop_during_the_first_compiled_step_says_it_waits_for_the_compile(cha
     assert "SIGTERM: stopping after the first step, which is still compiling" in stdout, stdout
     assert process.returncode == 130 and "Traceback" not in stderr, (process.returncode, stderr)
     assert "interrupted: saved" in stdout and (out / "ckpt.pt").exists()
+
+
+@pytest.mark.parametrize("script", ["masks.py", "model.py", "objectives.py", "kvcache.py"])
+def test_the_chapter_demos_take_no_arguments_and_end_in_one_line(script):
+    """Every chapter file's demo starts through masks.run_demo: --help says what it shows, a stray argument is one
+    line and status 2 (it used to run the demo and exit 0), a full disk is one line and status 1, a closed
+    standard output (>&-) ends quietly."""
+    def run(*args, **streams):
+        return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=ROOT, text=True,
+                              timeout=HANG_TIMEOUT, **{"stdout": subprocess.PIPE, "stderr": subprocess.PIPE,
+                                                       **streams})
+    helped = run("--help")
+    assert helped.returncode == 0 and "takes no arguments" in helped.stdout and not helped.stderr
+    stray = run("--n_embd=8")
+    assert stray.returncode == 2 and stray.stdout == ""
+    assert stray.stderr.count("\n") == 1 and "unrecognized argument '--n_embd=8'" in stray.stderr
+    closed = run(stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, close_fds=True,
+                 preexec_fn=lambda: os.close(1))  # python <script> >&-
+    assert closed.returncode == 0 and "Traceback" not in closed.stderr
+    if os.path.exists("/dev/full"):
+        with open("/dev/full", "w") as full:
+            result = run(stdout=full)
+        assert result.returncode == 1 and result.stderr.count("\n") == 1
+        assert f"{script}: error: cannot write to standard output" in result.stderr
