@@ -181,10 +181,11 @@ def launched_process(launcher, rank):
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the launched processes through /proc")
-@pytest.mark.parametrize("ending", ["SIGTERM to the launcher", "SIGKILL to process 1"])
+@pytest.mark.parametrize("ending", ["SIGTERM to the launcher", "SIGUSR1 to the launcher", "SIGKILL to process 1"])
 def test_a_launched_job_stopped_or_losing_a_process_ends_in_one_line_each(char_dataset, tmp_path, ending):
-    """Stopping the launcher stops every process, a checkpoint saved, status 130; a process killed outright makes
-    its peer stop with one line (not gloo's traceback) and the launcher say which process died (128 + 9)."""
+    """Stopping the launcher (SIGTERM, or SIGUSR1, which it takes as a stop: torchrun alone dies of it and leaves
+    its workers training) stops every process, a checkpoint saved, status 130, no process left; a process killed
+    outright makes its peer stop with one line (not gloo's traceback) and the launcher say which process died."""
     out = str(tmp_path / "ddp")
     args = tiny_args(char_dataset, out, max_iters=100_000, lr_decay_iters=100_000, eval_interval=50, log_interval=1,
                      gradient_accumulation_steps=2, quiet=False)
@@ -192,14 +193,17 @@ def test_a_launched_job_stopped_or_losing_a_process_ends_in_one_line_each(char_d
     for line in launcher.stdout:
         if line.startswith("iter 60:"):  # past the first checkpoint (iteration 50)
             break
-    if ending == "SIGTERM to the launcher":
-        launcher.send_signal(signal.SIGTERM)
+    workers = [launched_process(launcher.pid, rank) for rank in (0, 1)]
+    if ending == "SIGKILL to process 1":
+        os.kill(workers[1], signal.SIGKILL)
     else:
-        os.kill(launched_process(launcher.pid, 1), signal.SIGKILL)
+        launcher.send_signal(signal.SIGUSR1 if "SIGUSR1" in ending else signal.SIGTERM)
     stdout, stderr = launcher.communicate(timeout=HANG_TIMEOUT)
+    for pid in workers:  # no worker left training as an orphan
+        assert not os.path.exists(f"/proc/{pid}") or " Z " in open(f"/proc/{pid}/stat").read(), pid
     lines = [line for line in stderr.splitlines() if "torch/distributed/run.py" not in line]  # (its OMP note)
     assert "Traceback" not in stderr and "ChildFailedError" not in stderr, stderr[-2000:]
-    if ending == "SIGTERM to the launcher":
+    if ending != "SIGKILL to process 1":
         assert launcher.returncode == 130 and "interrupted: saved" in stdout, stderr[-2000:]
         assert checkpoint.load_checkpoint(os.path.join(out, "ckpt.pt"))["iter_num"] > 60
     else:
