@@ -304,6 +304,8 @@ class RunControl:
         self.check_losses()
         now = time.perf_counter()
         dt = (now - self.clock) / self.timed_iters  # mean over the iterations since the last log line
+        # (the line's dt and MFU are this interval's; the time left reads RecentRate's median over recent
+        # intervals, so one slow interval moves the line's speed, not the projection)
         self.speed.add(now - self.clock, self.timed_iters)
         left = self.time_left(iter_num, (self.flops_done - self.flops_at_clock) / self.timed_iters)
         changed = self.speed.changed()
