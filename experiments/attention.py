@@ -27,11 +27,10 @@ import torch
 
 from experiments import study
 from masks import bidirectional_mask, causal_mask
-from experiments.equal_compute import machine_line, resolve_experiment
+from experiments.equal_compute import machine_line, resolve_experiment, write_results
 from infra.configurator import QUICK_NOTE, run_main
 from infra.dataset import load_dataset
 from infra.plots import pyplot, save
-from infra.progress import write_atomically
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/study",
                 seed=1337, quiet=True,
@@ -139,12 +138,7 @@ def main():
         data["picture"][name] = [[[round(float(v), 4) for v in row]
                                   for row in m[0, :, :PICTURE_LENGTH, :PICTURE_LENGTH].mean(0)] for m in maps]
     data.update(machine=machine_line(device, config), seconds=time.perf_counter() - t0)
-    text = "\n".join(report(data))
-    print("\n" + text)
-    base = os.path.join(config["out_dir"], f"attention-{scale}")
-    write_atomically(base + ".md", text + "\n", base + ".json", json.dumps(data, indent=1))
-    plot(data, base + ".png")
-    print(f"wrote {base}.md, .json and .png", flush=True)
+    write_results(config["out_dir"], f"attention-{scale}", data, "\n".join(report(data)), plot)
 
 
 if __name__ == "__main__":

@@ -54,9 +54,8 @@ import torch
 import torch.nn.functional as F
 
 from experiments.encoder_tasks import documents, flagged_line, make_tasks
-from experiments.equal_compute import machine_line, resolve_experiment
+from experiments.equal_compute import machine_line, resolve_experiment, write_results
 from experiments.finetune import Backbone, hidden_states, study_backbones
-from experiments.structural import write_results
 from experiments.study_report import mean_std, plus_minus
 from experiments.tasks import classification_scores, ngram_features, read_texts, tuned_logistic_regression
 from infra.configurator import QUICK_NOTE, UserError, output_folder, run_main
@@ -575,8 +574,7 @@ def main():
                          f"fewer seeds than the header names.**"]
     data["controls"] = controls(data)
     data["seconds"] = time.perf_counter() - t0
-    write_results(config["out_dir"], name, data, report(data, s, scale))
-    plot(data, os.path.join(config["out_dir"], name + ".png"))
+    write_results(config["out_dir"], name, data, report(data, s, scale), plot)
     if "notes" in data:  # stopped: what finished is written; the status says it was a stop
         sys.exit(130)
 

@@ -40,6 +40,7 @@ import train
 from infra.checkpoint import load_model
 from infra.configurator import Failure, UserError, apply_overrides, output_folder, pick_device
 from infra.dataset import fingerprint, load_dataset
+from infra.plots import pyplot
 from infra.progress import StopSignals, check_writable, format_duration, format_flops, write_atomically
 from infra.timing import machine_name
 from infra.train_config import MODEL_KEYS, model_config
@@ -393,3 +394,16 @@ def estimate_step_flops(config, s, meta):
     specials = objectives.Specials.from_meta(meta)
     windows = torch.randint(0, specials.num_ordinary, (config["batch_size"], config["block_size"] + 1))
     return model.training_flops(objectives.batch_for(config, windows, specials, torch.Generator().manual_seed(0)))
+
+
+def write_results(out_dir, name, data, text, plot=None):
+    """The common end of the experiments: print the report and write out_dir/<name>.json (every number) and .md
+    (the report), each whole or not at all, then plot(data, <name>.png), drawn from what the JSON holds."""
+    print("\n" + text)
+    base = os.path.join(out_dir, name)
+    write_atomically(base + ".json", json.dumps(data, indent=1), base + ".md", text + "\n")
+    drawn = plot is not None and pyplot() is not None
+    if drawn:
+        plot(data, base + ".png")
+    print(f"\nwrote {base}.md{', .json and .png' if drawn else ' and .json'} in {format_duration(data['seconds'])}",
+          flush=True)

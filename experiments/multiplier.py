@@ -43,11 +43,11 @@ import torch
 
 import objectives
 from experiments import study
-from experiments.equal_compute import flops_budget, machine_line, resolve_experiment
+from experiments.equal_compute import flops_budget, machine_line, resolve_experiment, write_results
 from experiments.study_report import mean_std, plus_minus
 from infra.configurator import QUICK_NOTE, UserError, run_main
 from infra.dataset import get_windows, load_dataset
-from infra.progress import StopSignals, format_duration, format_flops, write_atomically
+from infra.progress import StopSignals, format_duration, format_flops
 from infra.plots import pyplot, save
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/study",
@@ -253,12 +253,7 @@ def main():
             data["multipliers"].append({"model": name, "metric": metric_name, "target": target,
                                         "per_seed": per_seed})
     data.update(machine=machine_line(device, config), seconds=time.perf_counter() - t0)
-    text = "\n".join(report(data))
-    print("\n" + text)
-    base = os.path.join(config["out_dir"], f"multiplier-{scale}")
-    write_atomically(base + ".md", text + "\n", base + ".json", json.dumps(data, indent=1))
-    plot(data, base + ".png")
-    print(f"wrote {base}.md, .json and .png", flush=True)
+    write_results(config["out_dir"], f"multiplier-{scale}", data, "\n".join(report(data)), plot)
 
 
 if __name__ == "__main__":

@@ -42,13 +42,13 @@ import numpy as np
 import torch
 
 import objectives
-from experiments.equal_compute import machine_line, resolve_experiment, train_all
+from experiments.equal_compute import machine_line, resolve_experiment, train_all, write_results
 from experiments.study import SCALES as STUDY_SCALES
 from experiments.study import plateau_control
 from experiments.study_report import plus_minus
 from infra.configurator import QUICK_NOTE, UserError, run_main
 from infra.dataset import get_windows, load_dataset
-from infra.progress import check_writable, format_duration, format_flops, write_atomically
+from infra.progress import check_writable, format_duration, format_flops
 from infra.plots import pyplot, save
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/study",
@@ -229,12 +229,8 @@ def main():
     if not data["seeds"]:
         raise KeyboardInterrupt  # nothing finished: nothing is written (run_main says what is kept)
     data.update(machine=machine_line(device, config), seconds=time.perf_counter() - t0, interrupted=interrupted)
-    text = "\n".join(report(data, s))
-    print("\n" + text)
-    base = os.path.join(config["out_dir"], result_name + ("-partial" if interrupted else ""))  # never over a whole one
-    write_atomically(base + ".md", text + "\n", base + ".json", json.dumps(data, indent=1))
-    plot(data, base + ".png")
-    print(f"wrote {base}.md, .json and .png", flush=True)
+    write_results(config["out_dir"], result_name + ("-partial" if interrupted else ""),  # never over a whole one
+                  data, "\n".join(report(data, s)), plot)
     if interrupted:
         raise KeyboardInterrupt
 

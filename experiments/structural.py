@@ -21,7 +21,6 @@ if __name__ == "__main__":  # beside the commands, but not one: one line, not an
     sys.exit("structural.py: a helper of reversal.py, planning.py and tagging.py, not a command: "
              "experiments/README.md lists the commands")
 
-import json
 import os
 import pickle
 import time
@@ -31,9 +30,9 @@ import torch
 
 import sample
 from data.prepare_common import write_dataset
-from experiments.equal_compute import machine_line
+from experiments.equal_compute import machine_line, write_results
 from infra.configurator import UserError
-from infra.progress import check_writable, format_duration, write_atomically
+from infra.progress import check_writable
 
 
 SETTINGS = dict(position="rope", learning_rate=3e-3, min_lr=3e-4)  # every model: rotary positions (a line starts
@@ -210,10 +209,3 @@ def write_seeds(result, config, scale, device, seeds_trained, started, extra, re
         raise KeyboardInterrupt
 
 
-def write_results(out_dir, name, data, text):
-    """Print the report and write out_dir/<name>.json (every number) and .md (the report), each whole or not at
-    all."""
-    print("\n" + text)
-    base = os.path.join(out_dir, name)
-    write_atomically(base + ".json", json.dumps(data, indent=1), base + ".md", text + "\n")
-    print(f"\nwrote {base}.md and .json in {format_duration(data['seconds'])}")

@@ -40,9 +40,8 @@ from experiments.finetune import Backbone, hidden_states, study_backbones
 from experiments.study_report import plus_minus
 from experiments.tasks import read_texts
 from infra.configurator import QUICK_NOTE, UserError, output_folder, run_main
-from experiments.equal_compute import machine_line, resolve_experiment
+from experiments.equal_compute import machine_line, resolve_experiment, write_results
 from infra.progress import StopSignals, format_duration
-from experiments.structural import write_results
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/structural",
                 study_dir="results/study",  # where experiments/study.py and finetune.py keep their checkpoints
