@@ -4,10 +4,10 @@ gpt reaches at the study's budget (claim C1's "sample efficiency", measured rath
 
     python experiments/multiplier.py --jobs=2                  # gpt at 0.25..1 x, bert and diffusion at 0.25..16 x
                                                                # the study's budget, 3 seeds
-    python experiments/multiplier.py --jobs=2 --largest=2      # up to 2 x -> multiplier-cpu.*: 7.3 minutes of
-                                                               # scoring with every run trained before (the study's,
-                                                               # and diffusion's three 2 x runs by this code); about
-                                                               # 15 more for those three on 2 cores (estimated)
+    python experiments/multiplier.py --jobs=2 --largest=8      # up to 8 x -> multiplier-cpu.*: 120 minutes on 2
+                                                               # cores (the 4 x and 8 x runs of bert and diffusion
+                                                               # trained, two at a time, on a machine shared with
+                                                               # other jobs; the rest reused from the study)
     python experiments/multiplier.py --quick                   # a smoke run in seconds (the suite runs it)
 
 Every run is the study's (experiments/study.py): the same shape, data, position encoding and, for each model, the

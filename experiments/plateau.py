@@ -4,13 +4,12 @@ Question: why did bert and masked diffusion sit on the character-frequency plate
 learned, and what moves them off it? A model compared there must first have learned (the study's positive
 control), so the study's recipe is chosen from what this finds.
 
-    python experiments/plateau.py --jobs=2    # 6 variants at the study's shape and budget, 10 runs (bert's and
-                                              # diffusion's position contrasts 2 seeds, the others 1)
-    python experiments/plateau.py --jobs=2 --seeds=1   # the first seed, 6 runs -> plateau-cpu-1seed.*: 160
-                                              # minutes of training summed, measured on 2 cores shared with other
-                                              # jobs at the lowest priority; alone about 5 minutes (estimated from
-                                              # the study's runs of the same shape, ~100 s each, two at a time)
-                                              # -> results/study/plateau-cpu.{md,json,png}
+    python experiments/plateau.py --jobs=2    # 12 variants at the study's shape and budget, 22 runs (gpt and
+                                              # t5 1 seed, the others 2) -> results/study/plateau-cpu.{md,json,png}:
+                                              # 33 minutes on 2 cores shared with other jobs (6 runs reused with
+                                              # --reuse=True); alone about 20 minutes (estimated: ~100 s a run, two
+                                              # at a time)
+    python experiments/plateau.py --jobs=2 --seeds=1   # the first seed only -> plateau-cpu-1seed.*
     python experiments/plateau.py --quick     # a smoke run in seconds (the test suite runs it) -> out-quick/
 
 Every variant trains at the study's CPU shape (4 layers x 128, block 64, batch 12) to the study's FLOPs budget
