@@ -354,6 +354,8 @@ def check_memory(model, config, prompt_tokens):
 
 def main():
     config = apply_overrides(DEFAULTS, sys.argv[1:])
+    if os.environ.get("WORLD_SIZE", "1") != "1":  # under torchrun every process would write the same samples
+        raise UserError("sample.py runs in one process: start it with python, not under torchrun or infra.parallel")
     device = pick_device(config["device"])
     if config["compile"]:
         check_compiler(device)

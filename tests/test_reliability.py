@@ -384,3 +384,14 @@ def test_the_launchers_own_bad_arguments_are_one_line(argument, needle):
     assert result.returncode == 2 and result.stdout == "", (result.returncode, result.stdout)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("python -m infra.parallel: error: ") and needle in lines[0], lines
+
+
+def test_sample_under_the_launcher_is_refused_once_not_printed_twice():
+    """sample.py is one process: under the launcher every process would write the same samples (they used to be
+    printed twice). One line, from the first process only, status 2."""
+    result = subprocess.run([sys.executable, "-m", "infra.parallel", "--standalone", "--nproc_per_node=2",
+                             "sample.py", "--out_dir=nowhere"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = [line for line in result.stderr.splitlines() if "torch/distributed/run.py" not in line]
+    assert result.returncode == 2 and result.stdout == "", (result.returncode, result.stdout)
+    assert lines == ["sample.py: error: sample.py runs in one process: start it with python, not under torchrun or "
+                     "infra.parallel"], lines
