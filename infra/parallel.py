@@ -214,6 +214,10 @@ def check_launch(args):
     if args.max_restarts:
         raise UserError(f"--max-restarts={args.max_restarts}: a restarted train.py starts a fresh run, it does not "
                         f"resume the checkpoint; leave it at 0 and continue with train.py's --init_from=resume")
+    endpoint = str(getattr(args, "rdzv_endpoint", "") or "")
+    if int(nodes[-1]) > 1 and endpoint.rpartition(":")[2] == "0":  # (torchrun would wait for the others, silent)
+        raise UserError(f"--rdzv_endpoint={endpoint}: port 0 means any free port, which the other machines cannot "
+                        f"know to meet on; give the port every machine uses (for example {endpoint[:-2]}:29500)")
 
 
 def launch(argv):

@@ -395,3 +395,12 @@ def test_sample_under_the_launcher_is_refused_once_not_printed_twice():
     assert result.returncode == 2 and result.stdout == "", (result.returncode, result.stdout)
     assert lines == ["sample.py: error: sample.py runs in one process: start it with python, not under torchrun or "
                      "infra.parallel"], lines
+
+
+def test_a_rendezvous_on_port_0_for_several_machines_is_refused_at_once():
+    """Two machines cannot meet on "any free port": torchrun would wait its whole timeout without a word."""
+    result = subprocess.run([sys.executable, "-m", "infra.parallel", "--nnodes=2", "--nproc_per_node=1",
+                             "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "train.py"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "port 0 means any free port" in lines[0], lines
