@@ -404,6 +404,6 @@ def write_results(out_dir, name, data, text, plot=None):
     write_atomically(base + ".json", json.dumps(data, indent=1), base + ".md", text + "\n")
     drawn = plot is not None and pyplot() is not None
     if drawn:
-        plot(data, base + ".png")
+        plot(json.loads(json.dumps(data)), base + ".png")  # as experiments/redraw.py reads it back
     print(f"\nwrote {base}.md{', .json and .png' if drawn else ' and .json'} in {format_duration(data['seconds'])}",
           flush=True)

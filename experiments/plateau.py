@@ -114,7 +114,8 @@ def time_sampler_noise(model, splits, meta, s, seed, batches):
         for _ in range(batches):
             windows = get_windows(splits["val"], s["batch_size"], s["block_size"], rng)
             for name, knobs in samplers.items():
-                batch = objectives.diffusion(windows, specials, generators[name], **knobs)
+                batch = objectives.diffusion(windows, specials, generators[name], **knobs).to(
+                    next(model.parameters()).device)
                 losses[name].append(model(**batch.model_inputs())[1].item())
     return {name: {"mean": float(np.mean(v)), "std": float(np.std(v, ddof=1))} for name, v in losses.items()}
 
