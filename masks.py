@@ -12,6 +12,7 @@ torch.nn.functional.scaled_dot_product_attention (SDPA) takes through `attention
 Run `python masks.py` to see the masks as ASCII grids, and claim A2: flattened, the prefix-LM mask and the
 encoder-decoder pattern have the same shape.
 """
+import errno
 import os
 import sys
 
@@ -173,9 +174,13 @@ def run_demo(demo, script):
         demo()
         if sys.stdout is not None:  # (None: started with stdout closed, `>&-`; print() wrote nothing)
             sys.stdout.flush()
+    except KeyboardInterrupt:  # Ctrl-C: a demo keeps nothing, so it just ends, with the usual status
+        sys.exit(130)
     except BrokenPipeError:  # python masks.py | head: the reader has seen enough
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except OSError as e:  # python masks.py > /dev/full
+    except OSError as e:  # python masks.py > /dev/full: only a failed write is this one line
+        if e.errno not in (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG):
+            raise
         print(f"{script}: error: cannot write to standard output ({e.strerror})", file=sys.stderr)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)

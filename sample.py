@@ -354,7 +354,9 @@ def check_memory(model, config, prompt_tokens):
 
 def main():
     config = apply_overrides(DEFAULTS, sys.argv[1:])
-    if os.environ.get("WORLD_SIZE", "1") != "1":  # under torchrun every process would write the same samples
+    alone = (("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", "0"))  # what a process on its own reads
+    if any(os.environ.get(key, value) != value for key, value in alone):  # one of a torchrun job's processes:
+        # each would write the same samples
         raise UserError("sample.py runs in one process: start it with python, not under torchrun or infra.parallel")
     device = pick_device(config["device"])
     if config["compile"]:

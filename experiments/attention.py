@@ -28,7 +28,7 @@ import torch
 from experiments import study
 from masks import bidirectional_mask, causal_mask
 from experiments.equal_compute import machine_line, resolve_experiment, write_results
-from infra.configurator import QUICK_NOTE, run_main
+from infra.configurator import QUICK_NOTE, UserError, run_main
 from infra.dataset import load_dataset
 from infra.plots import pyplot, save
 
@@ -62,6 +62,7 @@ def report(data):
     lines += [f"Attention of the study's trained gpt and bert, scale `{data['scale']}` ({data['n_layer']} layers x "
               f"{data['n_head']} heads, {data['position']} positions; seed {data['seed']}, each at its kept rate: "
               + ", ".join(f"{n} {r:g} (validation loss {data['val_loss'][n]:.3f})" for n, r in data['rates'].items())
+              + " (each on its own objective: the two losses are not comparable)"
               + f"), on {data['windows']} held-out windows of {data['length']} characters; {data['machine']}. "
               f"Per layer, heads, windows and query positions averaged: the attention a position gives itself, "
               f"its left and right neighbours and all positions to its right (a share of 1), and the mean distance "
@@ -73,7 +74,8 @@ def report(data):
         for layer, stats in enumerate(data["statistics"][name]):
             cells = [f"{stats['trained'][key]:.3f} ({stats['even over the mask'][key]:.3f})"
                      for key in ("itself", "left neighbour", "right neighbour", "right of it")]
-            cells.append(f"{stats['trained']['mean distance']:.1f} ({stats['even over the mask']['mean distance']:.1f})")
+            even = stats["even over the mask"]["mean distance"]
+            cells.append(f"{stats['trained']['mean distance']:.1f} ({even:.1f})")
             lines.append(f"| {name} | {layer} | " + " | ".join(cells) + " |")
     lines += ["", "gpt gives nothing to its right in any layer (the causal mask: claim A1); what bert gives there is "
                   "what it learned to use of the right context (claim D1). Picture: attention-"
@@ -121,6 +123,18 @@ def main():
     seed = config["seed"]
     runs = {name: study.study_run(by_name[name], rates[name], seed, f"{folder}-lr{rates[name]:g}-seed{seed}-{name}")
             for name in MODELS}  # the study's own folders: its finished runs are loaded, not retrained
+    for name, run in runs.items():  # ... never retrained in place: a run of other settings would replace the study's
+        record = os.path.join(run[3]["out_dir"], "study_run.json")
+        try:
+            with open(record) as f:
+                done = json.load(f)["settings"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # no finished run there: it trains (the study would have trained the same)
+        differ = [f"{key} {done.get(key)!r}" for key, value in (("dataset", config["dataset"]), ("device", device))
+                  if done.get(key) != value]
+        if differ:
+            raise UserError(f"{run[3]['out_dir']} holds the study's {name} run, trained with {', '.join(differ)}: "
+                            f"run with those settings, or pass --out_dir=<another folder> to train this command's own")
     trained = study.train_runs(runs, s, dict(config, reuse=True), device, meta)
     if trained is None:
         raise KeyboardInterrupt  # run_main: status 130, the runs finished are kept

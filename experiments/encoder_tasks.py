@@ -2,7 +2,8 @@
 The tasks of experiments/encoders.py, made from the text (as experiments/tasks.py makes finetune.py's): lines,
 documents decided by their last line (a flag naming their topic line), candidate sets for reranking, windows whose
 label sits in their second half, and pairs of lines that agree or differ by one whole word. Training examples come
-from the training split, evaluation examples from the validation split, and none of these is read twice.
+from the training split, evaluation examples from the validation split, and none of these is read twice; the items
+a fine-tuning rate is chosen on are held out of the training ones.
 """
 import re
 
@@ -133,4 +134,16 @@ def make_tasks(texts, s, seed):
     seen = {line for t in task["judge_train"] for line in t.split("\n")}  # no evaluation line among the training ones
     task["judge_eval"], task["judge_eval_labels"] = agreement_examples(texts["val"], s["judge_examples"] // 3,
                                                                        s["judge_line"], rng, exclude=seen)
+    # The tuning items each fine-tuning rate is chosen on: held out of the training ones (never evaluation
+    # items), split off last so that the evaluation items stay those the seed drew before.
+    n, m = s["tune_lines"], s["judge_tune"]
+    if not (0 < n < len(train_lines) and 0 < m < len(task["judge_train"]) and s["tune_queries"] <= n):
+        raise UserError(f"the scale's tuning sizes ({n} lines, {s['tune_queries']} queries, {m} agreement "
+                        f"examples) must be positive and smaller than its training sets")
+    task["train_lines"], task["tune_lines"] = train_lines[:-n], train_lines[-n:]
+    task["tune_docs"] = documents(task["tune_lines"], rng)
+    task["tune_docs_flag_first"] = [f"{d[-1]}\n{d[:-2]}" for d in task["tune_docs"]]
+    task["tune_sets"] = candidate_sets(n, s["tune_queries"], s["candidates"], rng)
+    for key in ("judge_train", "judge_train_labels"):
+        task[key], task[key.replace("train", "tune")] = task[key][:-m], task[key][-m:]
     return task

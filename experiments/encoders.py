@@ -42,7 +42,10 @@ shows the task is well posed; the question is what a backbone learns from the ex
 each part: its best reader's mean minus one std above the spelling rule by CONTROL_MARGIN, or the part gives no
 verdict. Mean +- std over seeds; each seed is its own pretraining run and fine-tuning order.
 """
+import json
+import multiprocessing
 import os
+import signal
 import sys
 import time
 
@@ -68,21 +71,23 @@ DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_ch
                 seed=1337, quiet=True,
                 parts="all",  # or some of probe, retrieval, flag-first, reranking, judge (comma-separated)
                 steps_multiple=1,  # every fine-tuning run at this multiple of the scale's steps
-                jobs=1)  # the study's pretraining, when missing: how many runs train at once (processes)
+                jobs=1)  # how many fine-tuning cells (and missing pretraining runs) run at once (processes)
 SCALES = {  # line: characters of a document's line (two lines, the flag and two newlines must fit twice in the
     # study's context for echo); half: of the structural part's windows; judge_line: of the agreement task's lines
     "cpu": dict(study_scale="cpu", line=14, half=16, judge_line=20, train_lines=4000, eval_lines=1000,
                 probe_windows=2000, judge_examples=3000, rerank_queries=500, candidates=20, steps=300, probe_steps=400,
-                batch_size=32, rerank_batch=8, rerank_negatives=3, learning_rate=1e-3, head_learning_rate=3e-3,
-                temperature=0.05, timing_repeats=5, seeds=3),
+                batch_size=32, rerank_batch=8, rerank_negatives=3, rates=(3e-4, 1e-3, 3e-3), head_learning_rate=3e-3,
+                warmup=0.1, tune_lines=500, tune_queries=250, judge_tune=500, temperature=0.05, timing_repeats=5,
+                seeds=3),
     "gpu": dict(study_scale="gpu", line=60, half=64, judge_line=100, train_lines=20000, eval_lines=2000,
                 probe_windows=10000, judge_examples=20000, rerank_queries=1000, candidates=20, steps=2000,
-                probe_steps=1000, batch_size=64, rerank_batch=16, rerank_negatives=3, learning_rate=1e-4,
-                head_learning_rate=3e-3, temperature=0.05, timing_repeats=5, seeds=3),
+                probe_steps=1000, batch_size=64, rerank_batch=16, rerank_negatives=3, rates=(3e-5, 1e-4, 3e-4),
+                head_learning_rate=3e-3, warmup=0.1, tune_lines=2000, tune_queries=500, judge_tune=2000,
+                temperature=0.05, timing_repeats=5, seeds=3),
     "quick": dict(study_scale="quick", line=6, half=8, judge_line=10, train_lines=96, eval_lines=40, probe_windows=48,
                   judge_examples=48, rerank_queries=16, candidates=8, steps=3, probe_steps=5, batch_size=8,
-                  rerank_batch=4, rerank_negatives=3, learning_rate=1e-3, head_learning_rate=3e-3, temperature=0.05,
-                  timing_repeats=1, seeds=1),
+                  rerank_batch=4, rerank_negatives=3, rates=(1e-3, 3e-3), head_learning_rate=3e-3, warmup=0.1,
+                  tune_lines=24, tune_queries=8, judge_tune=12, temperature=0.05, timing_repeats=1, seeds=1),
 }
 CONTROL_MARGIN = 0.10  # a part's positive control: its best reader (mean - std) this far above the spelling rule
 PROBE_READERS = [("gpt", "mean"), ("gpt", "echo"), ("bert", "mean"), ("prefixlm", "mean"), ("t5", "mean"),
@@ -165,14 +170,22 @@ def embed_all(backbone, texts, how, span=None, batch=256):
         return torch.cat([embed(backbone, texts[i:i + batch], how, span) for i in range(0, len(texts), batch)])
 
 
+def rate_factor(step, steps, warmup):
+    """The fine-tuning schedule, the same for every reader: a linear warmup over the first `warmup` share of the
+    steps (the first steps of a fresh head would otherwise shake the pretrained weights), then linear to 0."""
+    w = max(1, round(warmup * steps))
+    return (step + 1) / w if step < w else max(0.0, (steps - step) / max(1, steps - w))
+
+
 def train(backbone, head, steps, s, batch_loss, stop, seed):
-    """`steps` of AdamW on the backbone (s["learning_rate"]) and the head (s["head_learning_rate"]); batch_loss(rng)
-    draws a batch and returns its loss."""
+    """`steps` of AdamW on the backbone (s["learning_rate"], one rate of the grid) and the head
+    (s["head_learning_rate"]), both on rate_factor's schedule; batch_loss(rng) draws a batch, returns its loss."""
     backbone.model.train()
     groups = [{"params": backbone.model.parameters(), "lr": s["learning_rate"]}]
     if head is not None:
         groups.append({"params": head.parameters(), "lr": s["head_learning_rate"]})
     optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: rate_factor(step, steps, s["warmup"]))
     rng = np.random.default_rng(seed)
     for _ in range(steps):
         if stop:
@@ -181,6 +194,7 @@ def train(backbone, head, steps, s, batch_loss, stop, seed):
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        schedule.step()
     backbone.model.eval()
 
 
@@ -226,10 +240,17 @@ def biencoder_cell(backbone, how, task, s, seed, stop, flag_at):
                         s["temperature"])
 
     train(backbone, None, s["steps"], s, batch_loss, stop, seed)
-    docs = task["docs"] if flag_at == "end" else task["docs_flag_first"]
-    similarity = (F.normalize(embed_all(backbone, task["eval_lines"], how), dim=-1)
+    ending = "" if flag_at == "end" else "_flag_first"
+    tuning = biencoder_scores(backbone, how, task["tune_lines"], task["tune_docs" + ending], task["tune_sets"])
+    return {**biencoder_scores(backbone, how, task["eval_lines"], task["docs" + ending], task["candidate_sets"]),
+            "tuning": tuning["recall@1"]}  # (what the rate is chosen on: held out of the training split)
+
+
+def biencoder_scores(backbone, how, queries, docs, sets):
+    """Recall@1, MRR and how often the hard negative ranks first, query i's document docs[i] among all of them;
+    hits@1 on the candidate sets."""
+    similarity = (F.normalize(embed_all(backbone, queries, how), dim=-1)
                   @ F.normalize(embed_all(backbone, docs, how), dim=-1).T).cpu().numpy()
-    sets = task["candidate_sets"]
     return {**recall_and_mrr(similarity), "hard negative first": hard_negative_first(similarity),
             "hits@1": hits_at_1(similarity[np.arange(len(sets))[:, None], sets])}
 
@@ -258,22 +279,26 @@ def crossencoder_cell(backbone, how, task, s, seed, stop):
         return F.cross_entropy(scores, torch.zeros(len(scores), dtype=torch.long, device=scores.device))
 
     train(backbone, head, s["steps"], s, batch_loss, stop, seed)
-    sets = task["candidate_sets"]
-    queries = [task["eval_lines"][i] for i in range(len(sets)) for _ in range(sets.shape[1])]
-    candidates = [task["docs"][j] for row in sets for j in row]
+    return {"hits@1": cross_hits(backbone, head, how, task["eval_lines"], task["docs"], task["candidate_sets"]),
+            "tuning": cross_hits(backbone, head, how, task["tune_lines"], task["tune_docs"], task["tune_sets"])}
+
+
+def cross_hits(backbone, head, how, lines, docs, sets):
+    """hits@1 of a cross-encoder on candidate sets: every (query, candidate) read together."""
+    queries = [lines[i] for i in range(len(sets)) for _ in range(sets.shape[1])]
+    candidates = [docs[j] for row in sets for j in row]
     with torch.no_grad():
         scores = torch.cat([cross_scores(backbone, head, queries[i:i + 256], candidates[i:i + 256], how)
                             for i in range(0, len(queries), 256)])
-    result = {"hits@1": hits_at_1(scores.view(sets.shape).cpu().numpy())}
-    if seed == task["first_seed"]:  # the price, once per reader: ms per query
-        result["ms per query"] = price(backbone, head, how, task, s)
-    return result
+    return hits_at_1(scores.view(sets.shape).cpu().numpy())
 
 
-def price(backbone, head, how, task, s):
+def price(backbone, how, task, s):
     """Median ms to rank the candidates of one query: the cross-encoder reads (query, candidate) once per candidate;
     the bi-encoder encodes the query and takes dot products with document vectors encoded beforehand (their
-    one-off cost per document beside it). For 20 candidates and for every evaluation document."""
+    one-off cost per document beside it). For 20 candidates and for every evaluation document. The weights'
+    values do not change the time: the pretrained backbone and a fresh head are timed."""
+    head = torch.nn.Linear(backbone.model.config.n_embd, 1).to(backbone.device)
     def median_ms(work):  # (the device synchronised around each repeat: on a GPU the work is asynchronous)
         return 1000 * median_time(work, backbone.device, s["timing_repeats"], warmup=0)
 
@@ -303,9 +328,12 @@ def judge_cell(backbone, how, task, s, seed, stop):
         return F.cross_entropy(logits, labels[index].to(logits.device))
 
     train(backbone, head, s["steps"], s, batch_loss, stop, seed)
-    with torch.no_grad():
-        predicted = head(embed_all(backbone, task["judge_eval"], how)).argmax(-1).cpu().numpy()
-    return {"accuracy": float((predicted == task["judge_eval_labels"]).mean())}
+
+    def accuracy(texts, labels):
+        with torch.no_grad():
+            return float((head(embed_all(backbone, texts, how)).argmax(-1).cpu().numpy() == labels).mean())
+    return {"accuracy": accuracy(task["judge_eval"], task["judge_eval_labels"]),
+            "tuning": accuracy(task["judge_tune"], task["judge_tune_labels"])}
 
 
 # ----------------------------------------------------------------------------- rules, the same scoring
@@ -350,6 +378,7 @@ PARTS = {"probe": PROBE_READERS, "retrieval": BI_READERS, "flag-first": FLAG_FIR
 
 
 def run_one(part, backbone, how, task, s, seed, stop):
+    """One cell: part's reader fine-tuned (s["learning_rate"]: one rate of the grid) and scored."""
     if part == "probe":
         return probe_cell(backbone, how, task, s, seed, stop)
     if part in ("retrieval", "flag-first"):
@@ -361,8 +390,60 @@ def run_one(part, backbone, how, task, s, seed, stop):
     raise ValueError(f"unknown part {part!r}")
 
 
+def kept_rates(cells):
+    """{(part, reader): the rate of the grid whose mean tuning score over seeds is best} (on a tie the lower): the
+    rate is chosen on items held out of the training ones, never on the evaluation items."""
+    scores = {}
+    for c in cells:
+        if "tuning" in c:
+            scores.setdefault((c["part"], c["reader"]), {}).setdefault(c["learning rate"], []).append(c["tuning"])
+    return {key: max(sorted(by_rate), key=lambda rate: np.mean(by_rate[rate])) for key, by_rate in scores.items()}
+
+
 def values(data, part, reader, metric):
-    return [c[metric] for c in data["cells"] if (c["part"], c["reader"]) == (part, reader) and metric in c]
+    """A reader's score per seed, at the rate kept for it (the probe, a frozen reader, has no rate)."""
+    kept = kept_rates(data["cells"]).get((part, reader))
+    return [c[metric] for c in data["cells"] if (c["part"], c["reader"]) == (part, reader) and metric in c
+            and c.get("learning rate") == kept]
+
+
+# The cells run in worker processes with --jobs > 1: each builds the task once (the same seed: the same items)
+WORKER = {}
+
+
+def start_worker(config, s, folders, device, threads):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent ends the pool
+    torch.set_num_threads(threads)
+    WORKER.update(task=make_tasks(read_texts(config["dataset"]), s, config["seed"]), s=s, folders=folders,
+                  device=device)
+
+
+def run_cell(cell, stop=False):
+    """cell: (part, model, how, seed, rate); a fresh copy of the backbone (fine-tuning changes its weights)."""
+    part, model, how, seed, rate = cell
+    backbone = Backbone(WORKER["folders"][(model, seed)], WORKER["device"])
+    torch.manual_seed(seed)
+    s = WORKER["s"] if rate is None else dict(WORKER["s"], learning_rate=rate)
+    result = run_one(part, backbone, how, WORKER["task"], s, seed, stop)
+    return cell, dict(result, **({} if rate is None else {"learning rate": rate}))
+
+
+def finished_cells(plan, jobs, task, config, s, folders, device, stop):
+    """Yield (cell, result) as the cells finish: here, one after another, or in `jobs` worker processes (spawned,
+    not forked: a forked OpenMP runtime can hang), each with its share of the threads."""
+    if jobs == 1:
+        WORKER.update(task=task, s=s, folders=folders, device=device)
+        for cell in plan:
+            yield run_cell(cell, stop)
+        return
+    arguments = ({k: config[k] for k in ("dataset", "seed")}, s, folders, device,
+                 max(1, torch.get_num_threads() // jobs))
+    pool = multiprocessing.get_context("spawn").Pool(jobs, start_worker, arguments)
+    try:
+        yield from pool.imap_unordered(run_cell, plan)
+    finally:  # finished, stopped or failed: no worker is left behind
+        pool.terminate()
+        pool.join()
 
 
 def controls(data):
@@ -378,25 +459,80 @@ def controls(data):
     return out
 
 
+def per_step(s):
+    """What each reranker reads and scores per fine-tuning step: (characters read, pairs scored)."""
+    document = 2 * s["line"] + 3  # two lines, the flag, two newlines
+    pairs = s["rerank_batch"] * (s["rerank_negatives"] + 1)
+    return {"bi-encoder": (s["batch_size"] * (s["line"] + document), s["batch_size"] ** 2),
+            "cross-encoder": (pairs * (s["line"] + 1 + document), pairs)}
+
+
+def recipe(data, s):
+    """The fine-tuning recipe, the same for every reader, in words."""
+    (bi_chars, bi_pairs), (cross_chars, cross_pairs) = per_step(s).values()
+    return (f"Fine-tuning, the same for every reader: {s['steps']} steps of AdamW, batch {s['batch_size']}, the "
+            f"backbone at each rate of the grid {', '.join(f'{r:g}' for r in s['rates'])} (a fresh head at "
+            f"{s['head_learning_rate']:g}), warmup over the first {100 * s['warmup']:.0f}% of the steps, then "
+            f"linear to 0; the rate kept for a reader is the one of best mean score over seeds on tuning items held "
+            f"out of the training ones ({s['tune_lines']} lines, {s['tune_queries']} candidate sets, "
+            f"{s['judge_tune']} agreement examples; never an evaluation item): section 5 gives every rate's score. "
+            f"Per step the bi-encoder reads {s['batch_size']} queries and {s['batch_size']} documents ({bi_chars} "
+            f"characters) and scores {bi_pairs} (query, document) pairs by dot products; the cross-encoder reads "
+            f"{s['rerank_batch']} queries x {s['rerank_negatives'] + 1} candidates, {cross_pairs} pairs, each one "
+            f"sequence ({cross_chars} characters): the same characters per step (about the same FLOPs), not the "
+            f"same pairs (echo reads every text twice).")
+
+
+def rate_kept(data, part, reader):
+    """The rate kept for a reader, marked when it sits at the grid's edge."""
+    rate, grid = kept_rates(data["cells"]).get((part, reader)), data["settings"]["rates"]
+    if rate is None:
+        return "-"
+    return f"{rate:g}" + (" (edge)" if len(grid) > 1 and rate in (min(grid), max(grid)) else "")
+
+
+def plateau_threshold(study_dir, scale):
+    """The study's plateau control, {model: the validation loss a backbone must be under}, when study.py wrote it
+    (finetune.py --study's own pretraining does not)."""
+    path = os.path.join(study_dir, f"study-{scale}.json")
+    try:
+        with open(path) as f:
+            return json.load(f)["plateau_control"]["threshold"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def backbones_line(data):
+    """Each fine-tuned backbone's pretraining validation loss by seed, against the study's plateau control."""
+    threshold = data.get("plateau_threshold") or {}
+    out = []
+    for model in dict.fromkeys(k.split(",")[0] for k in data["checkpoints"]):
+        losses = [v["final_val_loss"] for k, v in data["checkpoints"].items() if k.startswith(model + ",")]
+        line = f"{model} " + ", ".join(f"{v:.3f}" for v in losses)
+        if model in threshold:
+            past = sum(v <= threshold[model] for v in losses)
+            line += f" (control {threshold[model]:.3f}: {past} of {len(losses)} past)"
+        out.append(line)
+    tail = "" if threshold else " (no plateau control recorded: experiments/study.py writes it)"
+    return ("The backbones' own validation loss at the end of pretraining, by seed, against the study's plateau "
+            "control (its own objective's context-free reference less the margin; a backbone above it learned no "
+            "context and gives no verdict): " + "; ".join(out) + "." + tail)
+
+
 def report(data, s, scale):
     pct = lambda v: plus_minus(v, 1, percent=True)  # noqa: E731
     lines = [QUICK_NOTE, ""] if scale == "quick" else []
     lines += [f"Where encoders still win (claims E3, X1, F3, B2), scale `{scale}`: the study's equal-FLOPs "
               f"checkpoints (experiments/study.py's scale `{s['study_scale']}`), one pretraining run per seed "
-              f"({', '.join(map(str, data['seeds']))}), fine-tuned {s['steps']} steps of batch {s['batch_size']} "
-              f"(learning rate {s['learning_rate']}, heads {s['head_learning_rate']}); mean +- std over seeds, in %. "
-              f"Training examples from the training split, evaluation ones from the validation split. On "
+              f"({', '.join(map(str, data['seeds']))}); mean +- std over seeds, in %. " + recipe(data, s) +
+              f" Training examples from the training split, evaluation ones from the validation split. On "
               f"{data['machine']}, {data['seconds'] / 60:.1f} min. Positive control of a part: its best reader's "
               f"mean - std at least {100 * CONTROL_MARGIN:.0f} points above the spelling rule."
               + "".join(f" {note}" for note in data.get("notes", []))
               + ("" if data["parts"] == list(PARTS) else f" Parts run: {', '.join(data['parts'])}.")
               + (f" Every fine-tuning run at {data['steps_multiple']} x the scale's steps." if
                  data["steps_multiple"] > 1 else ""), "",
-              "The checkpoints' validation loss at the end of pretraining, by seed (a seed far above the others "
-              "pretrained worse, and its rows carry that): " + "; ".join(
-                  f"{model} " + ", ".join(f"{v['final_val_loss']:.2f}" for k, v in data["checkpoints"].items()
-                                          if k.startswith(model + ",")) for model in
-                  dict.fromkeys(k.split(",")[0] for k in data["checkpoints"])) + ".", ""]
+              backbones_line(data), ""]
     outcome = data["controls"]
 
     def control_line(part):
@@ -431,52 +567,70 @@ def report(data, s, scale):
               f"often the document whose *other* line is the query ranks first; hits@1: among {s['candidates']} "
               f"candidates (part 3's sets). Flag first: the same documents with the flag as their first line.", "",
               "| reader | recall@1 | MRR | hard negative first | hits@1 of " + str(s["candidates"])
-              + " | recall@1, flag first |", "|---|---|---|---|---|---|"]
+              + " | rate kept | recall@1, flag first | its rate kept |", "|---|---|---|---|---|---|---|---|"]
     for name, how in BI_READERS:
         reader = f"{name} ({how})"
         lines.append(f"| {reader} | " + " | ".join(pct(values(data, "retrieval", reader, m)) for m in
                                                    ("recall@1", "mrr", "hard negative first", "hits@1"))
-                     + f" | {pct(values(data, 'flag-first', reader, 'recall@1'))} |")
+                     + f" | {rate_kept(data, 'retrieval', reader)} | "
+                       f"{pct(values(data, 'flag-first', reader, 'recall@1'))} | "
+                       f"{rate_kept(data, 'flag-first', reader)} |")
     for rule, v in r["retrieval"].items():
         lines.append(f"| (rule) {rule} | {100 * v['recall@1']:.1f}% | {100 * v['mrr']:.1f}% | "
-                     f"{100 * v['hard negative first']:.1f}% | {100 * v['hits@1']:.1f}% | - |" if rule != "chance" else
-                     f"| (rule) chance | {100 * v['recall@1']:.2f}% | {100 * v['mrr']:.2f}% | - | "
-                     f"{100 * v['hits@1']:.1f}% | - |")
+                     f"{100 * v['hard negative first']:.1f}% | {100 * v['hits@1']:.1f}% | - | - | - |"
+                     if rule != "chance" else f"| (rule) chance | {100 * v['recall@1']:.2f}% | {100 * v['mrr']:.2f}% | "
+                     f"- | {100 * v['hits@1']:.1f}% | - | - | - |")
     lines += ["", control_line("retrieval"), "",
               "## 3. Reranking: a cross-encoder against the bi-encoder", "",
               f"hits@1 among {s['candidates']} candidates ({s['rerank_queries']} queries: the right document, its "
               f"hard negative, {s['candidates'] - 2} others); the bi-encoder column is part 2's, same sets. Price: "
               f"median ms per query over {s['timing_repeats']} repeats, first seed, on this machine.", "",
-              f"| reader | bi-encoder hits@1 | cross-encoder hits@1 | cross, ms/query ({s['candidates']} / "
-              f"{data['task sizes']['eval lines']}) | bi, ms/query ({s['candidates']} / "
-              f"{data['task sizes']['eval lines']}) | bi, ms per document (once) |", "|---|---|---|---|---|---|"]
+              f"| reader | bi-encoder hits@1 | its rate kept | cross-encoder hits@1 | its rate kept | "
+              f"cross, ms/query ({s['candidates']} / {data['task sizes']['eval lines']}) | bi, ms/query "
+              f"({s['candidates']} / {data['task sizes']['eval lines']}) | bi, ms per document (once) |",
+              "|---|---|---|---|---|---|---|---|"]
     for name, how in CROSS_READERS:
         reader = f"{name} ({how})"
-        priced = [c["ms per query"] for c in data["cells"] if (c["part"], c["reader"]) == ("reranking", reader)
-                  and "ms per query" in c]
         times = ["-"] * 3
-        if priced:
-            p, n = priced[0], data["task sizes"]["eval lines"]
+        if reader in data.get("prices", {}):
+            p, n = data["prices"][reader], data["task sizes"]["eval lines"]
             times = [f"{p['cross-encoder, %d candidates' % s['candidates']]:.1f} / "
                      f"{p['cross-encoder, %d candidates' % n]:.1f}",
                      f"{p['bi-encoder, %d candidates' % s['candidates']]:.2f} / "
                      f"{p['bi-encoder, %d candidates' % n]:.2f}",
                      f"{p['bi-encoder, encoding one document (once)']:.3f}"]
         lines.append(f"| {reader} | {pct(values(data, 'retrieval', reader, 'hits@1'))} | "
-                     f"{pct(values(data, 'reranking', reader, 'hits@1'))} | " + " | ".join(times) + " |")
-    lines += [f"| (rule) n-gram cosine | {100 * r['retrieval']['n-gram cosine']['hits@1']:.1f}% | - | - | - | - |",
-              "", control_line("reranking"), "",
+                     f"{rate_kept(data, 'retrieval', reader)} | {pct(values(data, 'reranking', reader, 'hits@1'))} | "
+                     f"{rate_kept(data, 'reranking', reader)} | " + " | ".join(times) + " |")
+    (bi_chars, bi_pairs), (cross_chars, cross_pairs) = per_step(s).values()
+    lines += [f"| (rule) n-gram cosine | {100 * r['retrieval']['n-gram cosine']['hits@1']:.1f}% | - | - | - | - | - "
+              f"| - |", "", f"Pairs per fine-tuning step: the bi-encoder scores {bi_pairs} (reading {bi_chars} "
+              f"characters), the cross-encoder {cross_pairs} (reading {cross_chars}).", "",
+              control_line("reranking"), "",
               "## 4. A whole-input judgement: do the two lines agree?", "",
               f"{data['task sizes']['judge train']} training and {data['task sizes']['judge eval']} evaluation "
               f"examples of two {s['judge_line']}-character lines, half agreeing; accuracy.", "",
-              "| reader | accuracy |", "|---|---|"]
+              "| reader | accuracy | rate kept |", "|---|---|---|"]
     for name, how in JUDGE_READERS:
-        lines.append(f"| {name} ({how}) | {pct(values(data, 'judge', f'{name} ({how})', 'accuracy'))} |")
+        reader = f"{name} ({how})"
+        lines.append(f"| {reader} | {pct(values(data, 'judge', reader, 'accuracy'))} | "
+                     f"{rate_kept(data, 'judge', reader)} |")
     for rule, v in r["judge"].items():
-        lines.append(f"| (rule) {rule} | {100 * v:.1f}% |")
-    lines += ["", control_line("judge")]
+        lines.append(f"| (rule) {rule} | {100 * v:.1f}% | - |")
+    lines += ["", control_line("judge"), "", "## 5. The rate grid: every rate's mean score on the tuning items", "",
+              "The rate kept (bold) is the best; one at the grid's edge is marked: a rate beyond it was not tried.",
+              "", "| part | reader | " + " | ".join(f"{rate:g}" for rate in s["rates"]) + " | kept |",
+              "|---|---|" + "---|" * (len(s["rates"]) + 1)]
+    kept = kept_rates(data["cells"])
+    for (part, reader), rate in kept.items():
+        cells = [c for c in data["cells"] if (c["part"], c["reader"]) == (part, reader) and "tuning" in c]
+        by_rate = {x: [c["tuning"] for c in cells if c["learning rate"] == x] for x in s["rates"]}
+        lines.append(f"| {part} | {reader} | " + " | ".join(
+            ("-" if not v else (f"**{100 * np.mean(v):.1f}%**" if x == rate else f"{100 * np.mean(v):.1f}%"))
+            for x, v in by_rate.items()) + f" | {rate_kept(data, part, reader)} |")
     head, *sections = "\n".join(lines).split("\n## ")  # only the sections of the parts run
-    shown = {"1": {"probe"}, "2": {"retrieval", "flag-first"}, "3": {"reranking"}, "4": {"judge"}}
+    shown = {"1": {"probe"}, "2": {"retrieval", "flag-first"}, "3": {"reranking"}, "4": {"judge"},
+             "5": set(PARTS) - {"probe"}}
     return "\n## ".join([head] + [text for text in sections if shown[text[0]] & set(data["parts"])])
 
 
@@ -544,26 +698,35 @@ def main():
                                           "--study_dir")
     pretrained_now = any(v["written"] >= int(began) for v in identities.values())  # else --jobs shared nothing
     data = {"scale": scale, "settings": s, "parts": parts, "steps_multiple": multiple, "seeds": seeds,
-            "machine": machine_line(device, config, runs=None if pretrained_now else 1), "checkpoints": identities, "cells": [], "rules": rules(task),
+            "machine": machine_line(device, config, runs=None if pretrained_now else 1), "checkpoints": identities,
+            "plateau_threshold": plateau_threshold(study_dir, s["study_scale"]), "cells": [], "rules": rules(task),
             "task sizes": {"train lines": len(task["train_lines"]), "eval lines": len(task["eval_lines"]),
                            "probe train": len(task["train"]), "probe eval": len(task["eval"]),
                            "judge train": len(task["judge_train"]), "judge eval": len(task["judge_eval"])},
             "examples": {"document": task["docs"][0], "query": task["eval_lines"][0],
                          "agreement": task["judge_eval"][:2], "window": task["eval"][:2]}}
-    plan = [(part, model, how, seed) for seed in seeds for part in parts for model, how in PARTS[part]]
-    cost = lambda cells: sum(CELL_COST[part] for part, *_ in cells)  # noqa: E731  (for the time left)
-    started = time.perf_counter()
+    # every part's cells before the next part's (a stopped run keeps whole parts); every rate of the grid for every
+    # reader and seed (the probe, frozen, has none)
+    plan = [(part, model, how, seed, rate) for part in parts for seed in seeds
+            for rate in ([None] if part == "probe" else s["rates"]) for model, how in PARTS[part]]
+    cost = lambda cells: sum(CELL_COST[cell[0]] for cell in cells)  # noqa: E731  (for the time left)
+    jobs = min(config["jobs"], len(plan))
+    print(f"[encoders] {len(plan)} cells (parts x readers x seeds x rates {', '.join(f'{r:g}' for r in s['rates'])})"
+          f", {jobs} at a time", flush=True)
+    started, done = time.perf_counter(), 0.0
     try:
         with StopSignals(immediate=True) as stop:
-            for number, (part, model, how, seed) in enumerate(plan):
-                elapsed = time.perf_counter() - started
-                left = f", ~{format_duration(elapsed / cost(plan[:number]) * cost(plan[number:]))} left" \
-                    if number else ""
-                print(f"[encoders] {number + 1}/{len(plan)}: {part}, {model} ({how}), seed {seed}{left}", flush=True)
-                backbone = Backbone(folders[(model, seed)], device)  # fresh weights: fine-tuning changes them
-                torch.manual_seed(seed)
-                result = run_one(part, backbone, how, task, s, seed, stop)
+            for (part, model, how, seed, rate), result in finished_cells(plan, jobs, task, config, s, folders,
+                                                                          device, stop):
                 data["cells"].append({"part": part, "reader": f"{model} ({how})", "seed": seed, **result})
+                done += CELL_COST[part]
+                left = (time.perf_counter() - started) / done * (cost(plan) - done)
+                print(f"[encoders] {len(data['cells'])}/{len(plan)} done: {part}, {model} ({how}), seed {seed}"
+                      + ("" if rate is None else f", rate {rate:g}") + f"; ~{format_duration(left)} left", flush=True)
+            if "reranking" in parts:  # the price, alone on the machine (timing beside other work would be wrong)
+                print("[encoders] timing the cross-encoder and the bi-encoder per query", flush=True)
+                data["prices"] = {f"{model} ({how})": price(Backbone(folders[(model, seeds[0])], device), how, task, s)
+                                  for model, how in CROSS_READERS}
     except KeyboardInterrupt:
         if not data["cells"]:
             raise  # nothing finished, nothing written (run_main: status 130, what is kept)

@@ -165,7 +165,8 @@ def accuracy(model, episodes, stoi, specials, device, spread=None):
     constant answer (accuracy near 1/8 whatever the demonstrations) is never read as a measurement near chance."""
     predicted = answers(model, episodes, stoi, specials, device)
     if spread is not None:
-        spread.update(distinct=len(set(predicted)), most_common=max(map(predicted.count, set(predicted))) / len(predicted))
+        spread.update(distinct=len(set(predicted)),
+                      most_common=max(map(predicted.count, set(predicted))) / len(predicted))
     return sum(p == a for p, (_, a) in zip(predicted, episodes)) / len(episodes)
 
 
@@ -227,8 +228,9 @@ def summarise(runs, s, budget, seconds, scale, machine):
     names = list(runs[0]["models"])
     fmt = lambda values: "{:.1f} +- {:.1f}".format(*[100 * x for x in mean_std(values)])  # noqa: E731
     lines = [QUICK_NOTE, ""] if scale == "quick" else []
-    lines += [f"In-context learning, scale `{scale}` ({s['n_layer']} layers x {s['n_embd']} dims; t5 {s['n_layer'] // 2 or 1}"
-             f" + {s['n_layer'] // 2 or 1}), {format_flops(budget)} per model (= {s['gpt_iters']} gpt iterations), "
+    half = s["n_layer"] // 2 or 1  # t5's encoder and decoder layers
+    lines += [f"In-context learning, scale `{scale}` ({s['n_layer']} layers x {s['n_embd']} dims; t5 {half}"
+             f" + {half}), {format_flops(budget)} per model (= {s['gpt_iters']} gpt iterations), "
              f"{len(runs)} seeds, {s['eval_episodes']} episodes per cell on mappings never seen in training. "
              f"Accuracy (%) at the answer slot, mean +- std over seeds. Chance, and the best rule that ignores the "
              f"demonstrations: 12.5. Whole run {seconds / 60:.1f} min on {machine}.", "",
@@ -240,9 +242,9 @@ def summarise(runs, s, budget, seconds, scale, machine):
                   fmt([r["models"][name]["seen_mappings_k8"] for r in runs])]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("| chance / demonstration-blind rule | " + " | ".join(["12.5"] * (len(K_VALUES) + 2)) + " |")
-    lines += ["", f"How varied the answers are (unseen mappings): how many of the 8 values a model ever answers, and "
-                  f"the share of its most common answer, mean over seeds. A model that answers one value whatever "
-                  f"it is shown scores near 12.5 without measuring anything near chance.", "",
+    lines += ["", "How varied the answers are (unseen mappings): how many of the 8 values a model ever answers, and "
+                  "the share of its most common answer, mean over seeds. A model that answers one value whatever "
+                  "it is shown scores near 12.5 without measuring anything near chance.", "",
               "| model | " + " | ".join(f"k={k}: distinct, most common" for k in K_VALUES) + " |",
               "|" + "---|" * (len(K_VALUES) + 1)]
     for name in names:
@@ -254,8 +256,8 @@ def summarise(runs, s, budget, seconds, scale, machine):
                   f"the budget, the same format, objective and readout), then asked its keys with no "
                   f"demonstrations (k = 0): the mapping can only come from the weights. It shows that training and "
                   f"readout can find an answer at this slot at all. Passing: at least {100 * CONTROL_PASS:.0f}% "
-                  f"({CONTROL_PASS * 8:g} x chance).", "", "| model | accuracy per seed (%) | distinct answers | past |",
-              "|---|---|---|---|"]
+                  f"({CONTROL_PASS * 8:g} x chance).", "",
+              "| model | accuracy per seed (%) | distinct answers | past |", "|---|---|---|---|"]
     for name in names:
         scores = [r["controls"][name]["fixed_k0"] for r in runs]
         lines.append(f"| {name} | {', '.join(f'{100 * v:.1f}' for v in scores)} | "

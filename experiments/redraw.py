@@ -46,18 +46,29 @@ def drawer(name):
     return plot
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def main():
-    paths = sys.argv[1:] or sorted(glob.glob("results/**/*.png", recursive=True))
+    if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
+        print(__doc__.strip())
+        return
+    paths = sys.argv[1:] or sorted(glob.glob(os.path.join(ROOT, "results", "**", "*.png"), recursive=True))
     if pyplot() is None:
         raise UserError("redrawing plots needs matplotlib: pip install matplotlib")
     for path in paths:
         source = os.path.splitext(path)[0] + ".json"
         if not path.endswith(".png") or not os.path.exists(source):
             raise UserError(f"{path}: give a .png with its .json beside it")
-        with open(source) as f:
-            data = json.load(f)
-        drawer(os.path.basename(os.path.splitext(path)[0]))(data, path)
-        print(f"redrew {path} from {source}", flush=True)
+        draw = drawer(os.path.basename(os.path.splitext(path)[0]))
+        try:
+            with open(source) as f:
+                data = json.load(f)
+            draw(data, path)
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+            raise UserError(f"{source} cannot be drawn ({type(e).__name__}: {e}): it is damaged or from an older "
+                            f"version; rerun the command that wrote it") from None
+        print(f"redrew {os.path.relpath(path)} from {os.path.relpath(source)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -446,7 +446,7 @@ def test_a_stop_during_the_first_compiled_step_says_it_waits_for_the_compile(cha
 def test_the_chapter_demos_take_no_arguments_and_end_in_one_line(script):
     """Every chapter file's demo starts through masks.run_demo: --help says what it shows, a stray argument is one
     line and status 2 (it used to run the demo and exit 0), a full disk is one line and status 1, a closed
-    standard output (>&-) ends quietly."""
+    standard output (>&-) and a reader gone (| head) end quietly."""
     def run(*args, **streams):
         return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=ROOT, text=True,
                               timeout=HANG_TIMEOUT, **{"stdout": subprocess.PIPE, "stderr": subprocess.PIPE,
@@ -456,6 +456,9 @@ def test_the_chapter_demos_take_no_arguments_and_end_in_one_line(script):
     stray = run("--n_embd=8")
     assert stray.returncode == 2 and stray.stdout == ""
     assert stray.stderr.count("\n") == 1 and "unrecognized argument '--n_embd=8'" in stray.stderr
+    piped = subprocess.run(["bash", "-c", f'"{sys.executable}" {script} | true; exit "${{PIPESTATUS[0]}}"'], cwd=ROOT,
+                           text=True, capture_output=True, timeout=HANG_TIMEOUT)  # a reader gone before the demo writes
+    assert piped.returncode == 0 and piped.stderr == "", piped.stderr[-2000:]
     closed = run(stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, close_fds=True,
                  preexec_fn=lambda: os.close(1))  # python <script> >&-
     assert closed.returncode == 0 and "Traceback" not in closed.stderr

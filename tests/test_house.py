@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_script
 
 CHAPTER = ["masks.py", "model.py", "objectives.py", "train.py", "kvcache.py", "sample.py", "bench.py"]
 TOP_LEVEL = set(CHAPTER) | {"README.md", "requirements.txt", "config", "data", "tests", "infra", "experiments",
@@ -179,12 +179,15 @@ def committed_plots():
 def test_every_committed_plot_is_drawn_from_the_json_beside_it():
     """infra/plots.save stamps a plot with the sha256 of the JSON it was drawn from: a table rerun (its JSON
     rewritten) without its plot redrawn fails here (python experiments/redraw.py redraws them all)."""
-    from infra.plots import json_digest, stamp
+    import hashlib
+    from infra.plots import stamp
     plots = committed_plots()
     assert plots
     for path in plots:
         full = os.path.join(ROOT, path)
-        name, digest = json_digest(full)
+        json_path = full[:-len(".png")] + ".json"  # the digest computed here, not by the code that wrote the stamp
+        with open(json_path, "rb") as f:
+            name, digest = os.path.basename(json_path), hashlib.sha256(f.read()).hexdigest()
         assert stamp(full) == f"{name} sha256 {digest}", (
             f"{path} was not drawn from the {name} beside it: python experiments/redraw.py {path}")
 
@@ -196,3 +199,16 @@ def test_every_committed_plot_is_shown_where_its_table_is_read():
                     for page in ("README.md", "docs/results.md", "docs/speed.md", "docs/chapter.md"))
     missing = [path for path in committed_plots() if os.path.basename(path) not in pages]
     assert not missing, f"plots linked from no page: {missing}"
+
+
+def test_redraw_answers_help_and_a_damaged_json_in_one_line(tmp_path):
+    """experiments/redraw.py: --help prints its use (status 0, no matplotlib needed); a JSON its plot cannot be
+    drawn from is one line and status 2, its PNG left as it was (or, without matplotlib, the one line that says so)."""
+    helped = run_script("experiments/redraw.py", "--help")
+    assert helped.returncode == 0 and "python experiments/redraw.py" in helped.stdout
+    (tmp_path / "study-cpu.json").write_text('{"not": "a study"}')
+    (tmp_path / "study-cpu.png").write_bytes(b"old")
+    result = run_script("experiments/redraw.py", str(tmp_path / "study-cpu.png"))
+    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "cannot be drawn" in result.stderr or "needs matplotlib" in result.stderr
+    assert (tmp_path / "study-cpu.png").read_bytes() == b"old"

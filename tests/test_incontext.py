@@ -68,3 +68,17 @@ def test_quick_run_end_to_end(tmp_path):
     table = (tmp_path / "incontext-quick.md").read_text()
     assert table.count("\n| ") >= 5 and "12.5" in table
     assert "Positive control" in table and "distinct, most common" in table
+
+
+def test_the_spread_tells_a_constant_answer_from_chance(monkeypatch):
+    """accuracy(spread=): a model that answers one letter whatever it is shown reads distinct 1, most common 100%,
+    even where its accuracy (1/4 here) looks like chance; a varied one reads what it answered."""
+    from experiments import incontext
+    episodes = [(f"ep{k}", answer) for k, answer in enumerate("abcd")]
+    monkeypatch.setattr(incontext, "answers", lambda model, episodes, *args: ["a"] * len(episodes))
+    spread = {}
+    assert incontext.accuracy(None, episodes, {}, None, "cpu", spread) == 0.25
+    assert spread == {"distinct": 1, "most_common": 1.0}
+    monkeypatch.setattr(incontext, "answers", lambda model, episodes, *args: list("abac"))
+    assert incontext.accuracy(None, episodes, {}, None, "cpu", spread) == 0.5
+    assert spread == {"distinct": 3, "most_common": 0.5}

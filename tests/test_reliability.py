@@ -397,6 +397,16 @@ def test_sample_under_the_launcher_is_refused_once_not_printed_twice():
                      "infra.parallel"], lines
 
 
+@pytest.mark.parametrize("variable", [{"RANK": "1"}, {"LOCAL_RANK": "1"}, {"WORLD_SIZE": "2"}])
+def test_sample_as_one_process_of_a_job_is_refused(variable):
+    """One torchrun variable is enough to say the process is one of several: one line, status 2, nothing run."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    result = subprocess.run([sys.executable, "sample.py", "--out_dir=nowhere"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120, env=dict(env, **variable))
+    assert result.returncode == 2 and result.stdout == "" and len(result.stderr.strip().splitlines()) == 1
+    assert "sample.py runs in one process" in result.stderr
+
+
 def test_a_rendezvous_on_port_0_for_several_machines_is_refused_at_once():
     """Two machines cannot meet on "any free port": torchrun would wait its whole timeout without a word."""
     result = subprocess.run([sys.executable, "-m", "infra.parallel", "--nnodes=2", "--nproc_per_node=1",

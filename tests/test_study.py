@@ -225,3 +225,12 @@ def test_attention_quick_draws_both_masks_and_their_even_references(char_dataset
         assert layer["trained"]["right of it"] > 0.05
         assert layer["even over the mask"]["right of it"] == pytest.approx((T - 1) / (2 * T))
     assert len(data["picture"]["gpt"]) == data["n_layer"]
+    # the study's runs are read, never retrained in place: a run there of other settings is one line, nothing written
+    record, = (tmp_path / "checkpoints").glob("*-gpt/study_run.json")
+    done = json.loads(record.read_text())
+    record.write_text(json.dumps(dict(done, settings=dict(done["settings"], device="cuda"))))
+    before = (tmp_path / "attention-quick.json").read_text()
+    again = run_script("experiments/attention.py", "--quick", f"--dataset={char_dataset}", f"--out_dir={tmp_path}")
+    assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1, again.stderr[-2000:]
+    assert "device 'cuda'" in again.stderr and "--out_dir" in again.stderr
+    assert (tmp_path / "attention-quick.json").read_text() == before
