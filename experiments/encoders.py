@@ -3,11 +3,13 @@ Question: where do encoders still win (claims E3, X1, F3, and the payoff of B2)?
 pretraining FLOPs, which backbone makes the better embedding model, the better reranker and the better judge of a
 whole input, and why?
 
-    python experiments/encoders.py --jobs=2     # 5 parts x their readers x 3 seeds: ~33 minutes on 2 cores
-                                                # of an AMD EPYC, the study's checkpoints present (missing, they
-                                                # pretrain first: ~30 more with --jobs=2)
+    python experiments/encoders.py --jobs=2     # 5 parts x their readers x 3 seeds x 3 rates, then one rate past
+                                                # each edge kept (246 cells, two at a time): ~76 minutes on 2 cores
+                                                # of an Intel Xeon, the study's checkpoints present (missing, they
+                                                # pretrain first: ~30 more)
                                                 # -> results/structural/encoders-cpu.{md,json,png}
     python experiments/encoders.py --parts=reranking --steps_multiple=3   # some parts, at 3 x the steps
+    python experiments/encoders.py --jobs=2 --reuse=True  # keep the cells of the earlier run; run the rest
     python experiments/encoders.py --quick      # a smoke run in seconds (the test suite runs it) -> out-quick/
 
 The backbones are the study's equal-FLOPs checkpoints (experiments/finetune.py's study_backbones: gpt, bert,
@@ -35,6 +37,13 @@ evaluation examples from the validation split, which no backbone read in pretrai
    per query for 20 and for 1,000 candidates).
 4. A whole-input judgement (F3): two lines, the second the first again (agree) or the first with one word replaced
    by another of the same length (disagree), exactly half each; a head on the pooled state, fine-tuned.
+
+One fine-tuning recipe for every reader (the verdict should be the architecture's, not its recipe's): the same
+steps and batch, the backbone at every rate of a small grid with a warmup then a linear decay, and the rate kept
+for a reader chosen by its mean score over seeds on tuning items held out of the training ones (never on the
+evaluation items); every rate's score is in the result. The cross-encoder reads as many characters per step as the
+bi-encoder (about the same FLOPs: its 32 (query, candidate) sequences against the bi-encoder's 32 queries and 32
+documents), so it scores fewer pairs per step (32 against 32 x 32): the report states both.
 
 Baselines under the same scoring: chance, the character n-gram rules (tasks.py's features: cosine for retrieval, a
 tuned logistic regression for the judgements) and, where a rule can be told the task's format, that rule too (it
@@ -71,22 +80,26 @@ DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_ch
                 seed=1337, quiet=True,
                 parts="all",  # or some of probe, retrieval, flag-first, reranking, judge (comma-separated)
                 steps_multiple=1,  # every fine-tuning run at this multiple of the scale's steps
+                reuse=False,  # True: keep the cells of the earlier run of the same settings (its .json); run the rest
                 jobs=1)  # how many fine-tuning cells (and missing pretraining runs) run at once (processes)
 SCALES = {  # line: characters of a document's line (two lines, the flag and two newlines must fit twice in the
     # study's context for echo); half: of the structural part's windows; judge_line: of the agreement task's lines
     "cpu": dict(study_scale="cpu", line=14, half=16, judge_line=20, train_lines=4000, eval_lines=1000,
                 probe_windows=2000, judge_examples=3000, rerank_queries=500, candidates=20, steps=300, probe_steps=400,
-                batch_size=32, rerank_batch=8, rerank_negatives=3, rates=(3e-4, 1e-3, 3e-3), head_learning_rate=3e-3,
+                batch_size=32, rerank_batch=8, rerank_negatives=3, rates=(3e-4, 1e-3, 3e-3), grown=(1e-4, 1e-2),
+                head_learning_rate=3e-3,
                 warmup=0.1, tune_lines=500, tune_queries=250, judge_tune=500, temperature=0.05, timing_repeats=5,
                 seeds=3),
     "gpu": dict(study_scale="gpu", line=60, half=64, judge_line=100, train_lines=20000, eval_lines=2000,
                 probe_windows=10000, judge_examples=20000, rerank_queries=1000, candidates=20, steps=2000,
                 probe_steps=1000, batch_size=64, rerank_batch=16, rerank_negatives=3, rates=(3e-5, 1e-4, 3e-4),
+                grown=(1e-5, 1e-3),
                 head_learning_rate=3e-3, warmup=0.1, tune_lines=2000, tune_queries=500, judge_tune=2000,
                 temperature=0.05, timing_repeats=5, seeds=3),
     "quick": dict(study_scale="quick", line=6, half=8, judge_line=10, train_lines=96, eval_lines=40, probe_windows=48,
                   judge_examples=48, rerank_queries=16, candidates=8, steps=3, probe_steps=5, batch_size=8,
-                  rerank_batch=4, rerank_negatives=3, rates=(1e-3, 3e-3), head_learning_rate=3e-3, warmup=0.1,
+                  rerank_batch=4, rerank_negatives=3, rates=(1e-3, 3e-3), grown=(3e-4, 1e-2),
+                  head_learning_rate=3e-3, warmup=0.1,
                   tune_lines=24, tune_queries=8, judge_tune=12, temperature=0.05, timing_repeats=1, seeds=1),
 }
 CONTROL_MARGIN = 0.10  # a part's positive control: its best reader (mean - std) this far above the spelling rule
@@ -407,6 +420,49 @@ def values(data, part, reader, metric):
             and c.get("learning rate") == kept]
 
 
+def tried_rates(cells, part, reader):
+    return sorted({c["learning rate"] for c in cells if (c["part"], c["reader"]) == (part, reader)
+                   and "learning rate" in c})
+
+
+def grow(cells, s, seeds):
+    """The cells that grow the grid: a reader whose kept rate is the lowest (highest) it was tried at is tried at
+    s["grown"][0] ([1]), the one rate past the grid on that side, on every seed (once: a rate kept there is
+    reported at the edge)."""
+    out = []
+    for (part, reader), rate in kept_rates(cells).items():
+        tried = tried_rates(cells, part, reader)
+        for edge, beyond in ((tried[0], s["grown"][0]), (tried[-1], s["grown"][1])):
+            if rate == edge and beyond not in tried:
+                model, how = reader[:-1].split(" (")
+                out += [(part, model, how, seed, beyond) for seed in seeds]
+    return out
+
+
+def missing(plan, cells):
+    """The cells of the plan not among those finished."""
+    done = {(c["part"], c["reader"], c["seed"], c.get("learning rate")) for c in cells}
+    return [cell for cell in plan if (cell[0], f"{cell[1]} ({cell[2]})", cell[3], cell[4]) not in done]
+
+
+def earlier_cells(path, data):
+    """--reuse=True: the cells, prices and seconds of the run written at path, if it ran these very settings; else
+    none."""
+    try:
+        with open(path) as f:
+            earlier = json.load(f)
+    except (OSError, ValueError):
+        print(f"[encoders] no earlier run to reuse in {path}: every cell runs", flush=True)
+        return [], {}, 0.0
+    how_a_cell_runs = lambda d: dict(d, settings={k: v for k, v in d.get("settings", {}).items()  # noqa: E731
+                                                  if k != "grown"})  # (what the grid grows to is a plan, not a cell)
+    same = json.loads(json.dumps(how_a_cell_runs({k: data[k] for k in ("settings", "seeds", "parts", "checkpoints")})))
+    if {k: how_a_cell_runs(earlier).get(k) for k in same} != same:
+        print(f"[encoders] {path} holds a run of other settings or checkpoints: every cell runs", flush=True)
+        return [], {}, 0.0
+    return earlier["cells"], earlier.get("prices", {}), earlier.get("seconds", 0.0)
+
+
 # The cells run in worker processes with --jobs > 1: each builds the task once (the same seed: the same items)
 WORKER = {}
 
@@ -473,22 +529,25 @@ def recipe(data, s):
     return (f"Fine-tuning, the same for every reader: {s['steps']} steps of AdamW, batch {s['batch_size']}, the "
             f"backbone at each rate of the grid {', '.join(f'{r:g}' for r in s['rates'])} (a fresh head at "
             f"{s['head_learning_rate']:g}), warmup over the first {100 * s['warmup']:.0f}% of the steps, then "
-            f"linear to 0; the rate kept for a reader is the one of best mean score over seeds on tuning items held "
-            f"out of the training ones ({s['tune_lines']} lines, {s['tune_queries']} candidate sets, "
+            f"linear to 0 (a reader whose best rate is at the grid's edge is also tried at {s['grown'][0]:g} or "
+            f"{s['grown'][1]:g}); the rate kept for a reader is the one of best mean score over seeds on tuning "
+            f"items held out of the training ones ({s['tune_lines']} lines, {s['tune_queries']} candidate sets, "
             f"{s['judge_tune']} agreement examples; never an evaluation item): section 5 gives every rate's score. "
             f"Per step the bi-encoder reads {s['batch_size']} queries and {s['batch_size']} documents ({bi_chars} "
             f"characters) and scores {bi_pairs} (query, document) pairs by dot products; the cross-encoder reads "
             f"{s['rerank_batch']} queries x {s['rerank_negatives'] + 1} candidates, {cross_pairs} pairs, each one "
-            f"sequence ({cross_chars} characters): the same characters per step (about the same FLOPs), not the "
-            f"same pairs (echo reads every text twice).")
+            f"sequence ({cross_chars} characters): " + (
+                "the same characters per step (about the same FLOPs), not the same pairs" if
+                abs(cross_chars / bi_chars - 1) < 0.1 else f"{cross_chars / bi_chars:.2f} x the bi-encoder's "
+                f"characters per step") + " (echo reads every text twice).")
 
 
 def rate_kept(data, part, reader):
-    """The rate kept for a reader, marked when it sits at the grid's edge."""
-    rate, grid = kept_rates(data["cells"]).get((part, reader)), data["settings"]["rates"]
+    """The rate kept for a reader, marked when it is still the lowest or highest it was tried at."""
+    rate, tried = kept_rates(data["cells"]).get((part, reader)), tried_rates(data["cells"], part, reader)
     if rate is None:
         return "-"
-    return f"{rate:g}" + (" (edge)" if len(grid) > 1 and rate in (min(grid), max(grid)) else "")
+    return f"{rate:g}" + (" (edge)" if len(tried) > 1 and rate in (tried[0], tried[-1]) else "")
 
 
 def plateau_threshold(study_dir, scale):
@@ -617,14 +676,17 @@ def report(data, s, scale):
                      f"{rate_kept(data, 'judge', reader)} |")
     for rule, v in r["judge"].items():
         lines.append(f"| (rule) {rule} | {100 * v:.1f}% | - |")
+    columns = sorted({c["learning rate"] for c in data["cells"] if "learning rate" in c})
     lines += ["", control_line("judge"), "", "## 5. The rate grid: every rate's mean score on the tuning items", "",
-              "The rate kept (bold) is the best; one at the grid's edge is marked: a rate beyond it was not tried.",
-              "", "| part | reader | " + " | ".join(f"{rate:g}" for rate in s["rates"]) + " | kept |",
-              "|---|---|" + "---|" * (len(s["rates"]) + 1)]
+              f"The grid is {', '.join(f'{r:g}' for r in s['rates'])}; a reader whose best rate was at its edge was "
+              f"also tried one rate past it ({s['grown'][0]:g} or {s['grown'][1]:g}). The rate kept (bold) is the "
+              f"best; one still at the edge of the rates tried is marked: a rate beyond it might do better.", "",
+              "| part | reader | " + " | ".join(f"{rate:g}" for rate in columns) + " | kept |",
+              "|---|---|" + "---|" * (len(columns) + 1)]
     kept = kept_rates(data["cells"])
     for (part, reader), rate in kept.items():
         cells = [c for c in data["cells"] if (c["part"], c["reader"]) == (part, reader) and "tuning" in c]
-        by_rate = {x: [c["tuning"] for c in cells if c["learning rate"] == x] for x in s["rates"]}
+        by_rate = {x: [c["tuning"] for c in cells if c["learning rate"] == x] for x in columns}
         lines.append(f"| {part} | {reader} | " + " | ".join(
             ("-" if not v else (f"**{100 * np.mean(v):.1f}%**" if x == rate else f"{100 * np.mean(v):.1f}%"))
             for x, v in by_rate.items()) + f" | {rate_kept(data, part, reader)} |")
@@ -699,7 +761,8 @@ def main():
     pretrained_now = any(v["written"] >= int(began) for v in identities.values())  # else --jobs shared nothing
     data = {"scale": scale, "settings": s, "parts": parts, "steps_multiple": multiple, "seeds": seeds,
             "machine": machine_line(device, config, runs=None if pretrained_now else 1), "checkpoints": identities,
-            "plateau_threshold": plateau_threshold(study_dir, s["study_scale"]), "cells": [], "rules": rules(task),
+            "plateau_threshold": plateau_threshold(study_dir, s["study_scale"]), "cells": [], "prices": {},
+            "rules": rules(task),
             "task sizes": {"train lines": len(task["train_lines"]), "eval lines": len(task["eval_lines"]),
                            "probe train": len(task["train"]), "probe eval": len(task["eval"]),
                            "judge train": len(task["judge_train"]), "judge eval": len(task["judge_eval"])},
@@ -709,21 +772,37 @@ def main():
     # reader and seed (the probe, frozen, has none)
     plan = [(part, model, how, seed, rate) for part in parts for seed in seeds
             for rate in ([None] if part == "probe" else s["rates"]) for model, how in PARTS[part]]
+    if config["reuse"]:
+        data["cells"], data["prices"], earlier = earlier_cells(os.path.join(config["out_dir"], name + ".json"), data)
+        t0 -= earlier  # the seconds written are those of every cell kept, too
     cost = lambda cells: sum(CELL_COST[cell[0]] for cell in cells)  # noqa: E731  (for the time left)
     jobs = min(config["jobs"], len(plan))
     print(f"[encoders] {len(plan)} cells (parts x readers x seeds x rates {', '.join(f'{r:g}' for r in s['rates'])})"
-          f", {jobs} at a time", flush=True)
-    started, done = time.perf_counter(), 0.0
+          f", {jobs} at a time" + (f"; {len(data['cells'])} kept from the earlier run" if data["cells"] else ""),
+          flush=True)
+    started, done = time.perf_counter(), 0.0  # (done: the cost of the cells run by this command)
     try:
         with StopSignals(immediate=True) as stop:
-            for (part, model, how, seed, rate), result in finished_cells(plan, jobs, task, config, s, folders,
-                                                                          device, stop):
-                data["cells"].append({"part": part, "reader": f"{model} ({how})", "seed": seed, **result})
-                done += CELL_COST[part]
-                left = (time.perf_counter() - started) / done * (cost(plan) - done)
-                print(f"[encoders] {len(data['cells'])}/{len(plan)} done: {part}, {model} ({how}), seed {seed}"
-                      + ("" if rate is None else f", rate {rate:g}") + f"; ~{format_duration(left)} left", flush=True)
-            if "reranking" in parts:  # the price, alone on the machine (timing beside other work would be wrong)
+            todo = missing(plan, data["cells"])
+            while True:  # the grid, then the one rate past each rate kept at its edge (grow)
+                to_do = cost(todo) + done  # what this command runs in all, as far as it knows now
+                for (part, model, how, seed, rate), result in finished_cells(todo, jobs, task, config, s, folders,
+                                                                              device, stop):
+                    data["cells"].append({"part": part, "reader": f"{model} ({how})", "seed": seed, **result})
+                    done += CELL_COST[part]
+                    left = (time.perf_counter() - started) / done * (to_do - done)
+                    print(f"[encoders] {len(data['cells'])}/{len(plan)} done: {part}, {model} ({how}), seed {seed}"
+                          + ("" if rate is None else f", rate {rate:g}") + f"; ~{format_duration(max(0, left))} left",
+                          flush=True)
+                grown = grow(data["cells"], s, seeds)
+                plan += grown
+                todo = missing(plan, data["cells"])
+                if not todo:
+                    break
+                print(f"[encoders] the grid grown past {len(grown) // len(seeds)} rates kept at its edge: "
+                      f"{len(todo)} cells more", flush=True)
+            if "reranking" in parts and not data["prices"]:  # the price, alone on the machine (timing beside other
+                # work would be wrong)
                 print("[encoders] timing the cross-encoder and the bi-encoder per query", flush=True)
                 data["prices"] = {f"{model} ({how})": price(Backbone(folders[(model, seeds[0])], device), how, task, s)
                                   for model, how in CROSS_READERS}

@@ -285,8 +285,9 @@ def main():
         if previous.get("settings") == settings:
             runs = previous["runs"]
             print(f"reusing {len(runs)} finished runs from {json_path} (--fresh=True to start over)", flush=True)
-        else:
-            print(f"{json_path} holds runs of other settings: starting over (they are replaced)", flush=True)
+        else:  # never replaced by a partial run unasked
+            raise UserError(f"{json_path} holds {len(previous.get('runs', []))} runs of other settings: --fresh=True "
+                            f"replaces them (from its first finished run on), or --out_dir=<another folder>")
     todo = plan_runs(s, runs, config["seed"])
     data = {"settings": settings, "device": device, "machine": machine_name(device), "unique_chars": s["unique_chars"], "runs": runs,
             "character_frequency_bits": character_frequency_bits(os.path.join(folder, "train.bin"), windows["val"],

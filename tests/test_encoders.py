@@ -259,8 +259,16 @@ def test_the_experiment_runs_end_to_end(char_dataset, tmp_path):
     assert "smoke run" in text and text.count("Positive control:") == 3 and data["machine"]
     rates = encoders.SCALES["quick"]["rates"]  # every fine-tuned reader at every rate of the grid
     planned = sum(len(readers) * (1 if part == "probe" else len(rates)) for part, readers in encoders.PARTS.items())
-    assert len(data["cells"]) == planned and set(data["controls"]) == {"retrieval", "reranking", "judge"}
+    grid = [c for c in data["cells"] if c.get("learning rate") in (None, *rates)]
+    assert len(grid) == planned and set(data["controls"]) == {"retrieval", "reranking", "judge"}
+    beyond = [c for c in data["cells"] if c not in grid]  # the grid grown past a rate kept at its edge, never more
+    assert all(c["learning rate"] in encoders.SCALES["quick"]["grown"] for c in beyond)
+    assert not encoders.grow(data["cells"], encoders.SCALES["quick"], data["seeds"])
     assert "## 5. The rate grid" in text and "rate kept" in text
+    again = run_script("experiments/encoders.py", "--quick", f"--out_dir={tmp_path}", f"--dataset={char_dataset}",
+                       f"--study_dir={tmp_path / 'study'}", "--reuse=True")  # every cell kept: none runs again
+    assert again.returncode == 0 and "done:" not in again.stdout and "kept from the earlier run" in again.stdout
+    assert json.loads((tmp_path / "encoders-quick.json").read_text())["cells"] == data["cells"]
     metric = {"probe": "balanced accuracy", "retrieval": "recall@1", "flag-first": "recall@1", "reranking": "hits@1",
               "judge": "accuracy"}  # each part measured by its own cell
     assert all(metric[c["part"]] in c for c in data["cells"]) and set(metric) == set(encoders.PARTS)
@@ -628,3 +636,25 @@ def test_each_reranker_reads_the_characters_per_step_the_report_states(quick_tas
     assert len(read) == (2 * s["batch_size"] if part == "retrieval" else pairs)
     cpu = encoders.per_step(encoders.SCALES["cpu"])
     assert abs(cpu["bi-encoder"][0] / cpu["cross-encoder"][0] - 1) < 0.05
+
+
+def test_the_grid_grows_past_a_rate_kept_at_its_edge_once():
+    """A reader whose best tuning score is at the grid's highest (lowest) rate is tried one rate past it on every
+    seed; one kept inside the grid is not; a reader already tried past the edge is not grown again."""
+    s = dict(encoders.SCALES["cpu"])  # grid 3e-4, 1e-3, 3e-3; grown to 1e-4 or 1e-2
+
+    def cells(reader, scores):
+        return [{"part": "retrieval", "reader": reader, "seed": seed, "learning rate": rate, "tuning": score}
+                for rate, score in scores.items() for seed in (1, 2)]
+    top = cells("gpt (last)", {3e-4: 0.1, 1e-3: 0.2, 3e-3: 0.3})
+    low = cells("bert (mean)", {3e-4: 0.3, 1e-3: 0.2, 3e-3: 0.1})
+    inside = cells("t5 (mean)", {3e-4: 0.1, 1e-3: 0.3, 3e-3: 0.2})
+    assert sorted(encoders.grow(top + low + inside, s, [1, 2])) == sorted(
+        [("retrieval", "gpt", "last", 1, 1e-2), ("retrieval", "gpt", "last", 2, 1e-2),
+         ("retrieval", "bert", "mean", 1, 1e-4), ("retrieval", "bert", "mean", 2, 1e-4)])
+    grown = top + cells("gpt (last)", {1e-2: 0.5})  # still best at the new edge: reported there, not grown again
+    assert encoders.grow(grown, s, [1, 2]) == []
+    data = {"cells": grown, "settings": s}
+    assert encoders.rate_kept(data, "retrieval", "gpt (last)") == "0.01 (edge)"
+    data = {"cells": top + cells("gpt (last)", {1e-2: 0.05}), "settings": s}
+    assert encoders.rate_kept(data, "retrieval", "gpt (last)") == "0.003"  # no longer at the edge of what was tried

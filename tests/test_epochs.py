@@ -9,6 +9,7 @@ import pytest
 from experiments import epochs
 import train
 from conftest import run_script
+from infra.configurator import UserError
 from infra.dataset import load_dataset
 
 
@@ -79,6 +80,13 @@ def test_quick_run_trains_on_the_budget_only_and_scores_on_the_validation_split(
     # a second run with the same settings reuses every finished run: no training at all
     monkeypatch.setattr(train, "train", lambda config: pytest.fail("a finished run was trained again"))
     epochs.main()
+
+    # other settings never replace the finished runs unasked: one line (run_main: status 2), the files untouched
+    before = (tmp_path / "epochs-quick.json").read_text()
+    monkeypatch.setitem(epochs.SCALES, "quick", dict(s, position="learned"))
+    with pytest.raises(UserError, match="runs of other settings: --fresh=True replaces them"):
+        epochs.main()
+    assert (tmp_path / "epochs-quick.json").read_text() == before
 
 
 def synthetic_runs(curves, seeds=(1, 2)):
