@@ -210,20 +210,8 @@ def test_the_flag_first_part_reads_the_same_documents_flag_first(quick_task, mon
     assert set(task["docs_flag_first"]) <= set(documents) and not set(task["docs"]) & set(documents)
 
 
-def test_no_evaluation_text_is_fine_tuned_on(quick_task, monkeypatch):
-    """Training examples come from the training split, evaluation ones from the validation split, none in both;
-    the tuning items a rate is chosen on are held out of the training ones (neither trained on nor evaluated);
-    and what the fine-tuning loops read (every text embedded while a loop trains) holds no evaluation line and no
-    tuning line."""
-    texts, task = quick_task
-    assert all(line in texts["train"].replace("\n", " ") for line in task["train_lines"] + task["tune_lines"])
-    assert all(line in texts["val"].replace("\n", " ") for line in task["eval_lines"])
-    for train, evaluation in (("train_lines", "eval_lines"), ("train", "eval"), ("judge_train", "judge_eval"),
-                              ("train_lines", "tune_lines"), ("tune_lines", "eval_lines"),
-                              ("judge_train", "judge_tune"), ("judge_tune", "judge_eval")):
-        assert task[train] and task[evaluation] and not set(task[train]) & set(task[evaluation]), train
-    assert len(task["judge_tune"]) == len(task["judge_tune_labels"]) == encoders.SCALES["quick"]["judge_tune"]
-    assert all(encoder_tasks.flagged_line(d) == line for d, line in zip(task["tune_docs"], task["tune_lines"]))
+def texts_read_while_training(monkeypatch):
+    """A list that fills with every text embedded while a fine-tuning loop (encoders.train) runs."""
     read, training = [], []
     real_train, real_embed = encoders.train, encoders.embed
 
@@ -241,6 +229,24 @@ def test_no_evaluation_text_is_fine_tuned_on(quick_task, monkeypatch):
 
     monkeypatch.setattr(encoders, "train", watched_train)
     monkeypatch.setattr(encoders, "embed", watched_embed)
+    return read
+
+
+def test_no_evaluation_text_is_fine_tuned_on(quick_task, monkeypatch):
+    """Training examples come from the training split, evaluation ones from the validation split, none in both;
+    the tuning items a rate is chosen on are held out of the training ones (neither trained on nor evaluated);
+    and what the fine-tuning loops read (every text embedded while a loop trains) holds no evaluation line and no
+    tuning line."""
+    texts, task = quick_task
+    assert all(line in texts["train"].replace("\n", " ") for line in task["train_lines"] + task["tune_lines"])
+    assert all(line in texts["val"].replace("\n", " ") for line in task["eval_lines"])
+    for train, evaluation in (("train_lines", "eval_lines"), ("train", "eval"), ("judge_train", "judge_eval"),
+                              ("train_lines", "tune_lines"), ("tune_lines", "eval_lines"),
+                              ("judge_train", "judge_tune"), ("judge_tune", "judge_eval")):
+        assert task[train] and task[evaluation] and not set(task[train]) & set(task[evaluation]), train
+    assert len(task["judge_tune"]) == len(task["judge_tune_labels"]) == encoders.SCALES["quick"]["judge_tune"]
+    assert all(encoder_tasks.flagged_line(d) == line for d, line in zip(task["tune_docs"], task["tune_lines"]))
+    read = texts_read_while_training(monkeypatch)
     s = dict(encoders.SCALES["quick"], learning_rate=1e-3)
     for part in ("retrieval", "flag-first", "reranking", "judge"):
         encoders.run_one(part, tiny_backbone("bert"), "mean", task, s, 0, stop=False)
@@ -614,22 +620,7 @@ def test_each_reranker_reads_the_characters_per_step_the_report_states(quick_tas
     actually embeds is what per_step says (and at the cpu scale the two are within 5% of each other)."""
     _, task = quick_task
     s = dict(encoders.SCALES["quick"], steps=1, learning_rate=1e-3)
-    read, training = [], []
-    real_train, real_embed = encoders.train, encoders.embed
-
-    def watched_train(*args, **kwargs):
-        training.append(True)
-        try:
-            return real_train(*args, **kwargs)
-        finally:
-            training.pop()
-
-    def watched_embed(backbone, texts, how, span=None):
-        if training:
-            read.extend(texts)
-        return real_embed(backbone, texts, how, span)
-    monkeypatch.setattr(encoders, "train", watched_train)
-    monkeypatch.setattr(encoders, "embed", watched_embed)
+    read = texts_read_while_training(monkeypatch)
     encoders.run_one(part, tiny_backbone("bert"), "mean", task, s, 0, stop=False)
     characters, pairs = encoders.per_step(s)["bi-encoder" if part == "retrieval" else "cross-encoder"]
     assert sum(len(t) for t in read) == characters
