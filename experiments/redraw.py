@@ -39,7 +39,9 @@ def drawer(name):
         return lambda data, path: draw_runs(data["runs"], path)
     elif kind == "epochs":
         return draw_epochs
-    elif kind in ("plateau", "multiplier", "encoders", "attention"):
+    elif kind == "encoders":
+        from experiments.encoders_report import plot
+    elif kind in ("plateau", "multiplier", "attention"):
         plot = __import__(f"experiments.{kind}", fromlist=["plot"]).plot
     else:
         raise UserError(f"{name}.png: no command of this project draws a plot of that name")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import run_script
-from experiments import encoder_tasks, encoders
+from experiments import encoder_tasks, encoders, encoders_report
 from experiments.finetune import Backbone, hidden_states
 from model import ModelConfig, Transformer
 
@@ -117,14 +117,14 @@ def test_recall_mrr_hits_and_hard_negatives_against_plain_counts():
 
 def test_a_failing_control_reads_failed():
     rule = 0.5
-    passed = encoders.control_outcome({"a": [0.8, 0.82, 0.81], "b": [0.9, 0.55, 0.7]}, rule)
+    passed = encoders_report.control_outcome({"a": [0.8, 0.82, 0.81], "b": [0.9, 0.55, 0.7]}, rule)
     assert passed["best"] == "a" and passed["passed"]  # b's mean is lower
-    assert not encoders.control_outcome({"a": [0.60, 0.61, 0.59]}, rule)["passed"]  # 0.60 - 0.01 < 0.6
-    assert not encoders.control_outcome({"a": [0.9, 0.5, 0.7]}, rule)["passed"]  # its std eats the margin
+    assert not encoders_report.control_outcome({"a": [0.60, 0.61, 0.59]}, rule)["passed"]  # 0.60 - 0.01 < 0.6
+    assert not encoders_report.control_outcome({"a": [0.9, 0.5, 0.7]}, rule)["passed"]  # its std eats the margin
     data = {"rules": {"retrieval": {"n-gram cosine": {"recall@1": 0.5, "hits@1": 0.5}},
                       "judge": {"n-gram logistic regression": 0.5}},
             "cells": [{"part": "retrieval", "reader": "bert (mean)", "seed": s, "recall@1": 0.55} for s in range(3)]}
-    assert encoders.controls(data) == {"retrieval": {"best": "bert (mean)", "mean": 0.55, "std": 0.0, "rule": 0.5,
+    assert encoders_report.controls(data) == {"retrieval": {"best": "bert (mean)", "mean": 0.55, "std": 0.0, "rule": 0.5,
                                                      "passed": False}}
 
 
@@ -502,7 +502,7 @@ def test_the_reranking_control_is_measured_against_the_rules_hits_at_1():
     data = {"rules": {"retrieval": {"n-gram cosine": {"recall@1": 0.1, "hits@1": 0.6}},
                       "judge": {"n-gram logistic regression": 0.5}},
             "cells": [{"part": "reranking", "reader": "bert (mean)", "seed": s, "hits@1": 0.65} for s in range(3)]}
-    control = encoders.controls(data)["reranking"]
+    control = encoders_report.controls(data)["reranking"]
     assert control["rule"] == 0.6 and not control["passed"]  # 0.65 < 0.6 + the margin
 
 
@@ -580,13 +580,13 @@ def test_the_rate_is_chosen_on_the_tuning_items_over_seeds_never_on_the_evaluati
                   {"part": "judge", "reader": "bert (mean)", "seed": seed, "learning rate": 3e-3,
                    "tuning": tuning_high, "accuracy": 0.6 + seed / 100}]
     data = {"cells": cells, "settings": {"rates": [1e-3, 3e-3]}}
-    assert encoders.kept_rates(cells) == {("judge", "bert (mean)"): 3e-3}  # mean 0.567 against 0.4
-    assert encoders.values(data, "judge", "bert (mean)", "accuracy") == [0.61, 0.62, 0.63]
-    assert encoders.rate_kept(data, "judge", "bert (mean)") == "0.003 (edge)"
+    assert encoders_report.kept_rates(cells) == {("judge", "bert (mean)"): 3e-3}  # mean 0.567 against 0.4
+    assert encoders_report.values(data, "judge", "bert (mean)", "accuracy") == [0.61, 0.62, 0.63]
+    assert encoders_report.rate_kept(data, "judge", "bert (mean)") == "0.003 (edge)"
     tie = [dict(c, tuning=0.5) for c in cells]
-    assert encoders.kept_rates(tie) == {("judge", "bert (mean)"): 1e-3}  # a tie keeps the lower rate
+    assert encoders_report.kept_rates(tie) == {("judge", "bert (mean)"): 1e-3}  # a tie keeps the lower rate
     probe = [{"part": "probe", "reader": "gpt (mean)", "seed": 1, "balanced accuracy": 0.5}]  # frozen: no rate
-    assert encoders.values({"cells": probe}, "probe", "gpt (mean)", "balanced accuracy") == [0.5]
+    assert encoders_report.values({"cells": probe}, "probe", "gpt (mean)", "balanced accuracy") == [0.5]
 
 
 def test_the_schedule_warms_up_then_decays_to_zero():
@@ -622,10 +622,10 @@ def test_each_reranker_reads_the_characters_per_step_the_report_states(quick_tas
     s = dict(encoders.SCALES["quick"], steps=1, learning_rate=1e-3)
     read = texts_read_while_training(monkeypatch)
     encoders.run_one(part, tiny_backbone("bert"), "mean", task, s, 0, stop=False)
-    characters, pairs = encoders.per_step(s)["bi-encoder" if part == "retrieval" else "cross-encoder"]
+    characters, pairs = encoders_report.per_step(s)["bi-encoder" if part == "retrieval" else "cross-encoder"]
     assert sum(len(t) for t in read) == characters
     assert len(read) == (2 * s["batch_size"] if part == "retrieval" else pairs)
-    cpu = encoders.per_step(encoders.SCALES["cpu"])
+    cpu = encoders_report.per_step(encoders.SCALES["cpu"])
     assert abs(cpu["bi-encoder"][0] / cpu["cross-encoder"][0] - 1) < 0.05
 
 
@@ -646,6 +646,6 @@ def test_the_grid_grows_past_a_rate_kept_at_its_edge_once():
     grown = top + cells("gpt (last)", {1e-2: 0.5})  # still best at the new edge: reported there, not grown again
     assert encoders.grow(grown, s, [1, 2]) == []
     data = {"cells": grown, "settings": s}
-    assert encoders.rate_kept(data, "retrieval", "gpt (last)") == "0.01 (edge)"
+    assert encoders_report.rate_kept(data, "retrieval", "gpt (last)") == "0.01 (edge)"
     data = {"cells": top + cells("gpt (last)", {1e-2: 0.05}), "settings": s}
-    assert encoders.rate_kept(data, "retrieval", "gpt (last)") == "0.003"  # no longer at the edge of what was tried
+    assert encoders_report.rate_kept(data, "retrieval", "gpt (last)") == "0.003"  # no longer at the edge of what was tried
