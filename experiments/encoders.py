@@ -413,10 +413,11 @@ def earlier_cells(path, data):
     except (OSError, ValueError):
         print(f"[encoders] no earlier run to reuse in {path}: every cell runs", flush=True)
         return [], {}, 0.0
-    how_a_cell_runs = lambda d: dict(d, settings={k: v for k, v in d.get("settings", {}).items()  # noqa: E731
-                                                  if k != "grown"})  # (what the grid grows to is a plan, not a cell)
-    same = json.loads(json.dumps(how_a_cell_runs({k: data[k] for k in ("settings", "seeds", "parts", "checkpoints")})))
-    if {k: how_a_cell_runs(earlier).get(k) for k in same} != same:
+    def what_a_cell_depends_on(run):  # (the rates the grid grows to are a plan, not how a cell runs)
+        settings = {k: v for k, v in (run.get("settings") or {}).items() if k != "grown"}
+        return json.loads(json.dumps(dict({k: run.get(k) for k in ("seeds", "parts", "checkpoints")},
+                                          settings=settings)))
+    if what_a_cell_depends_on(earlier) != what_a_cell_depends_on(data):
         print(f"[encoders] {path} holds a run of other settings or checkpoints: every cell runs", flush=True)
         return [], {}, 0.0
     return earlier["cells"], earlier.get("prices", {}), earlier.get("seconds", 0.0)
