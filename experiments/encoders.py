@@ -334,9 +334,10 @@ def judge_cell(backbone, how, task, s, seed, stop):
 
 # ----------------------------------------------------------------------------- rules, the same scoring
 
-def rules(task, parts=("retrieval", "probe", "judge")):
-    """What a rule without a model reaches on each part, under the part's own scoring."""
-    out, quiet = {}, (lambda *a, **k: None)  # (the tuned regressions' progress lines)
+def rules(task, parts=("retrieval", "probe", "judge"), log=lambda *a, **k: None):
+    """What a rule without a model reaches on each part, under the part's own scoring. log: where the tuned
+    regressions' progress lines go (a minute of them at the cpu scale)."""
+    out = {}
     if "retrieval" in parts:
         n, sets = len(task["eval_lines"]), task["candidate_sets"]
         queries = ngram_features(task["eval_lines"])
@@ -353,11 +354,11 @@ def rules(task, parts=("retrieval", "probe", "judge")):
         cuts = (("first half", lambda texts: [t[:len(t) // 2] for t in texts]), ("whole window", lambda t: t))
         out["probe"] = {f"n-gram logistic regression of the {name}": balanced_accuracy(tuned_logistic_regression(
             ngram_features(cut(task["train"])), task["train_labels"], ngram_features(cut(task["eval"])), 2,
-            log=quiet), task["eval_labels"]) for name, cut in cuts}
+            log=log), task["eval_labels"]) for name, cut in cuts}
     if "judge" in parts:
         truth = task["judge_eval_labels"]
         judged = tuned_logistic_regression(ngram_features(task["judge_train"]), task["judge_train_labels"],
-                                           ngram_features(task["judge_eval"]), 2, log=quiet)
+                                           ngram_features(task["judge_eval"]), 2, log=log)
         majority = np.bincount(task["judge_train_labels"]).argmax()
         same = np.array([int(t.split("\n")[0] == t.split("\n")[1]) for t in task["judge_eval"]])
         out["judge"] = {"majority class": float((truth == majority).mean()),
@@ -506,10 +507,12 @@ def main():
     folders, identities = study_backbones(dict(config, out_dir=study_dir), s["study_scale"], device, seeds,
                                           "--study_dir")
     pretrained_now = any(v["written"] >= int(began) for v in identities.values())  # else --jobs shared nothing
+    print("[encoders] the trivial baselines first: the n-gram rules of every part, tuned on the training examples",
+          flush=True)
     data = {"scale": scale, "settings": s, "parts": parts, "steps_multiple": multiple, "seeds": seeds,
             "machine": machine_line(device, config, runs=None if pretrained_now else 1), "checkpoints": identities,
             "plateau_threshold": plateau_threshold(study_dir, s["study_scale"]), "cells": [], "prices": {},
-            "rules": rules(task),
+            "rules": rules(task, log=print),
             "task sizes": {"train lines": len(task["train_lines"]), "eval lines": len(task["eval_lines"]),
                            "probe train": len(task["train"]), "probe eval": len(task["eval"]),
                            "judge train": len(task["judge_train"]), "judge eval": len(task["judge_eval"])},

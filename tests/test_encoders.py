@@ -369,7 +369,7 @@ def test_each_seed_fine_tunes_its_own_pretraining_run(char_dataset, tmp_path, mo
             loaded.append(folder)
     monkeypatch.setattr(encoders, "Backbone", Loaded)
     monkeypatch.setattr(encoders, "run_one", lambda part, backbone, how, task, s, seed, stop: ran.append(seed) or {})
-    monkeypatch.setattr(encoders, "rules", lambda task: {"retrieval": {"n-gram cosine": {"recall@1": 0, "hits@1": 0}},
+    monkeypatch.setattr(encoders, "rules", lambda task, **kwargs: {"retrieval": {"n-gram cosine": {"recall@1": 0, "hits@1": 0}},
                                                          "judge": {"n-gram logistic regression": 0}, "probe": {}})
     monkeypatch.setattr(encoders, "report", lambda *args: "")
     monkeypatch.setattr(encoders, "plot", lambda *args: None)
