@@ -56,8 +56,11 @@ DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_ch
                 jobs=1)  # how many runs train at once (processes, one per core)
 MULTIPLES = {"cpu": (0.25, 0.5, 1, 2, 4, 8, 16), "gpu": (0.25, 0.5, 1, 2, 4, 8), "quick": (0.5, 1, 1.5)}
 GPT_LARGEST = 1  # gpt only sets the target (its 1 x figure) and its curve up to it
+PREFIX_LARGEST = 2  # prefixlm and t5 (exact NLL, each already near gpt at 1 x): up to 2 x, what 2 cores afford
 COMPARED = {"diffusion": ("second-half bits/char (gpt: exact NLL; diffusion: ELBO)", "elbo_bits", "lower"),
-            "bert": ("cloze accuracy (gpt: exact Bayes; bert: both sides)", "cloze", "higher")}
+            "bert": ("cloze accuracy (gpt: exact Bayes; bert: both sides)", "cloze", "higher"),
+            "prefixlm": ("second-half bits/char (both exact NLL)", "bits", "lower"),
+            "t5": ("second-half bits/char (both exact NLL)", "bits", "lower")}
 PROBE = "next-character probe accuracy"
 
 
@@ -109,11 +112,12 @@ def report(data):
     lines += [header, "|---|" + "---|" * len(multiples)]
     for name, metric, label in (("gpt", "bits", "bits/char (exact)"), ("diffusion", "elbo_bits", "bits/char (ELBO)"),
                                 ("diffusion", "bits", "bits/char (chain rule with [MASK])"),
+                                ("prefixlm", "bits", "bits/char (exact)"), ("t5", "bits", "bits/char (exact)"),
                                 ("gpt", "cloze", "cloze (exact Bayes)"), ("bert", "cloze", "cloze (both sides)"),
                                 ("gpt", "probe", PROBE), ("bert", "probe", PROBE)):
         cells = []
         for m in multiples:
-            runs = data["runs_by_multiple"][name].get(f"{m:g}")
+            runs = data["runs_by_multiple"].get(name, {}).get(f"{m:g}")
             if not runs:
                 cells.append("-")
                 continue
@@ -152,13 +156,16 @@ def plot(data, path):
     if plt is None:
         return
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-    panels = ((axes[0], (("gpt", "bits"), ("diffusion", "elbo_bits")), "bits/char, 2nd half (gpt exact, diffusion ELBO)"),
+    panels = ((axes[0], (("gpt", "bits"), ("diffusion", "elbo_bits"), ("prefixlm", "bits"), ("t5", "bits")),
+               "bits/char, 2nd half (diffusion: ELBO)"),
               (axes[1], (("gpt", "cloze"), ("bert", "cloze")), "cloze accuracy (gpt exact Bayes)"),
               (axes[2], (("gpt", "probe"), ("bert", "probe")), PROBE))
     for axis, curves, label in panels:
         for name, metric in curves:
-            by = data["runs_by_multiple"][name]
+            by = data["runs_by_multiple"].get(name, {})
             xs = sorted(float(m) for m in by if by[m])
+            if not xs:
+                continue
             points = [mean_std([run[metric] for run in by[f"{m:g}"]]) for m in xs]
             axis.errorbar([m * data["budget_flops"] / 1e12 for m in xs], [p[0] for p in points],
                           yerr=[p[1] or 0 for p in points], marker="o", capsize=3, label=name)
@@ -194,8 +201,9 @@ def main():
     folder = os.path.join(config["out_dir"], "checkpoints", scale)
     seeds = [config["seed"] + i for i in range(s["seeds"])]
     by_name = {model[0]: model for model in study.MODELS}
-    trained_multiples = {name: [m for m in multiples if name != "gpt" or m <= GPT_LARGEST]
-                         for name in ("gpt", "bert", "diffusion")}
+    largest_of = {"gpt": GPT_LARGEST, "prefixlm": PREFIX_LARGEST, "t5": PREFIX_LARGEST}
+    trained_multiples = {name: [m for m in multiples if m <= largest_of.get(name, math.inf)]
+                         for name in ("gpt", "bert", "diffusion", "prefixlm", "t5")}
     def run_folder(name, m, seed):  # the study's own folder where the study trained this run
         if m == 1:
             return f"{folder}-lr{rates[name]:g}-seed{seed}-{name}"
@@ -207,7 +215,8 @@ def main():
             for m in multiples for name, ms in trained_multiples.items() if m in ms for seed in seeds}
     # (smallest budgets first: a stop leaves every model's curve complete up to the largest multiple finished)
     print(f"[multiplier] {len(runs)} runs: gpt at {', '.join(f'{m:g}' for m in trained_multiples['gpt'])} x, bert "
-          f"and diffusion at {', '.join(f'{m:g}' for m in multiples)} x the study's budget, seeds "
+          f"and diffusion at {', '.join(f'{m:g}' for m in multiples)} x, prefixlm and t5 at "
+          f"{', '.join(f'{m:g}' for m in trained_multiples['t5'])} x the study's budget, seeds "
           f"{', '.join(map(str, seeds))} (the study's finished runs are reused)", flush=True)
     trained = study.train_runs(runs, s, dict(config, reuse=True), device, meta)
     if trained is None:
