@@ -2,12 +2,13 @@
 Question: how much more training compute does an objective other than next-token prediction need to reach what
 gpt reaches at the study's budget (claim C1's "sample efficiency", measured rather than counted)?
 
-    python experiments/multiplier.py --jobs=2                  # gpt at 0.25..1 x, bert and diffusion at 0.25..16 x
-                                                               # the study's budget, 3 seeds
-    python experiments/multiplier.py --jobs=2 --largest=8      # up to 8 x -> multiplier-cpu.*: 120 minutes on 2
-                                                               # cores (the 4 x and 8 x runs of bert and diffusion
-                                                               # trained, two at a time, on a machine shared with
-                                                               # other jobs; the rest reused from the study)
+    python experiments/multiplier.py --jobs=2                  # gpt at 0.25..1 x, bert and diffusion at 0.25..16 x,
+                                                               # prefixlm and t5 at 0.25..2 x the study's budget, 3
+                                                               # seeds -> multiplier-cpu.*: 120 minutes on 2 cores
+                                                               # for the 6 runs at 16 x and the 12 of prefixlm and
+                                                               # t5 off 1 x, two at a time (the runs up to 8 x
+                                                               # reused: another 120 minutes, --largest=8, before)
+    python experiments/multiplier.py --jobs=2 --largest=8      # up to 8 x
     python experiments/multiplier.py --quick                   # a smoke run in seconds (the suite runs it)
 
 Every run is the study's (experiments/study.py): the same shape, data, position encoding and, for each model, the

@@ -85,9 +85,12 @@ def test_study_quick_runs_end_to_end(char_dataset, tmp_path):
     result = json.loads((tmp_path / "multiplier-quick.json").read_text())
     shared = 3 * quick["seeds"] * (1 + len(quick["budget_fractions"]))  # gpt, bert, diffusion at 0.5 and 1 x
     shared += quick["seeds"]  # and bert at 1.5 x: the C2 ablation's bert, the same run
-    assert result["reused"] == shared and result["runs"] == shared + quick["seeds"]  # diffusion at 1.5 x trains
+    shared += 2 * quick["seeds"]  # and prefixlm's and t5's 1 x: the study's main runs
+    trained = quick["seeds"] * (1 + 2 * 2)  # diffusion at 1.5 x; prefixlm and t5 at 0.5 and 1.5 x
+    assert result["reused"] == shared and result["runs"] == shared + trained
     assert result["learning_rates"] == {name: data["chosen_learning_rate"][name] for name in ("gpt", "bert",
-                                                                                              "diffusion")}
+                                                                                              "diffusion", "prefixlm",
+                                                                                              "t5")}
     for name in ("gpt", "diffusion"):  # the reused 1 x runs score as the study scored them (bert: its cloze only)
         ours = sorted((run["seed"], run["bits"]) for run in result["runs_by_multiple"][name]["1"])
         assert ours == sorted((run["seed"], pytest.approx(run["second_half_bits_per_char"], rel=1e-6))
