@@ -52,8 +52,10 @@ each part: its best reader's mean minus one std above the spelling rule by CONTR
 verdict. Mean +- std over seeds; each seed is its own pretraining run and fine-tuning order. The readers of each
 part, the rate kept, the controls and the report: experiments/encoders_report.py.
 """
+import contextlib
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import sys
@@ -71,7 +73,7 @@ from experiments.equal_compute import machine_line, resolve_experiment, write_re
 from experiments.finetune import Backbone, hidden_states, study_backbones
 from experiments.encoders_report import CROSS_READERS, PARTS, controls, kept_rates, plot, report, tried_rates
 from experiments.tasks import classification_scores, ngram_features, read_texts, tuned_logistic_regression
-from infra.configurator import UserError, output_folder, run_main
+from infra.configurator import Failure, UserError, output_folder, run_main
 from infra.progress import StopSignals, check_writable, format_duration
 from infra.timing import median_time
 
@@ -428,11 +430,21 @@ def earlier_cells(path, data):
 WORKER = {}
 
 
-def start_worker(config, s, folders, device, threads):
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent ends the pool
+def worker(connection, config, s, folders, device, threads):
+    """A worker process of finished_cells: builds the task once, then runs each cell it is sent, sending back
+    ("done", (cell, result)) or ("error", the exception), until it is sent None or the parent is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent ends the workers
     torch.set_num_threads(threads)
-    WORKER.update(task=make_tasks(read_texts(config["dataset"]), s, config["seed"]), s=s, folders=folders,
-                  device=device)
+    try:
+        WORKER.update(task=make_tasks(read_texts(config["dataset"]), s, config["seed"]), s=s, folders=folders,
+                      device=device)
+        while (cell := connection.recv()) is not None:
+            connection.send(("done", run_cell(cell)))
+    except EOFError:  # the parent is gone: nothing to tell
+        return
+    except Exception as e:  # noqa: B902  (the parent raises it, as if the cell had run there)
+        with contextlib.suppress(OSError):
+            connection.send(("error", e))
 
 
 def run_cell(cell, stop=False):
@@ -455,12 +467,35 @@ def finished_cells(plan, jobs, task, config, s, folders, device, stop):
         return
     arguments = ({k: config[k] for k in ("dataset", "seed")}, s, folders, device,
                  max(1, torch.get_num_threads() // jobs))
-    pool = multiprocessing.get_context("spawn").Pool(jobs, start_worker, arguments)
+    context, waiting, workers = multiprocessing.get_context("spawn"), list(plan), {}
     try:
-        yield from pool.imap_unordered(run_cell, plan)
+        for _ in range(min(jobs, len(waiting))):  # (pipes, not a multiprocessing pool: a pool's queues hold named semaphores, which
+            # the resource tracker cleans up, printing tracebacks if it was killed meanwhile)
+            here, there = context.Pipe()
+            workers[here] = context.Process(target=worker, args=(there, *arguments), daemon=True)
+            workers[here].start()
+            there.close()  # the worker holds the only other end: its end is the pipe's end of file
+            here.send(waiting.pop(0))
+        busy = set(workers)
+        while busy:
+            for connection in multiprocessing.connection.wait(list(busy)):
+                try:
+                    kind, said = connection.recv()
+                except (EOFError, OSError):  # ended without a word (killed from outside, out of memory)
+                    workers[connection].join()
+                    raise Failure(f"a worker process ended with status {workers[connection].exitcode} (killed, "
+                                  f"or out of memory)") from None
+                if kind == "error":
+                    raise said
+                busy.discard(connection)
+                if waiting:
+                    connection.send(waiting.pop(0))
+                    busy.add(connection)
+                yield said
     finally:  # finished, stopped or failed: no worker is left behind
-        pool.terminate()
-        pool.join()
+        for process in workers.values():
+            process.kill()
+            process.join()
 
 
 def plateau_threshold(study_dir, scale):
