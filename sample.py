@@ -252,14 +252,13 @@ def generate_left_to_right(model, ids, objective, specials, config, generator, s
     """gpt / prefixlm / t5: one new token per forward pass, with the KV cache (or recomputing, --no_cache).
     Returns (texts' token lists, what ran)."""
     device = next(model.parameters()).device
-    all_specials = specials.special_ids(model.config.vocab_size, device)
     settings = dict(max_new_tokens=config["max_new_tokens"], num_samples=config["num_samples"],
                     temperature=config["temperature"], top_k=config["top_k"] or None, generator=generator,
                     use_cache=not config["no_cache"], stop=stop, compiled=config["compile"])
     # what the model reads first is laid out as in training: after span corruption (t5, or prefixlm's flattened
     # copy of it, claim A2) the text ends in a masked span, <S0> [EOS], which the model fills (its sentinels
     # allowed); UL2's sequential denoiser reads [S2S] first; otherwise the text itself
-    source, banned = ids, all_specials
+    source, banned = ids, specials.banned(model.config.vocab_size, device)
     if objective == "span_corruption":
         source = ids + [specials.sentinels[0], specials.eos]
         banned = torch.tensor([specials.pad, specials.mask, *specials.modes.values()], device=device)
@@ -278,12 +277,12 @@ def generate_left_to_right(model, ids, objective, specials, config, generator, s
 def generate_by_unmasking(model, ids, specials, config, generator, stop):
     """bert (mlm or diffusion): [MASK] placeholders after the prompt, filled over --steps bidirectional passes."""
     device = next(model.parameters()).device
-    all_specials = specials.special_ids(model.config.vocab_size, device)
     tokens, passes = iterative_unmask(model, torch.tensor([ids], device=device), num_new=config["max_new_tokens"],
                                       steps=config["steps"], mask_id=specials.mask,
                                       num_samples=config["num_samples"], temperature=config["temperature"],
                                       top_k=config["top_k"] or None, order=config["order"],
-                                      block_length=config["block_length"], generator=generator, banned=all_specials,
+                                      block_length=config["block_length"], generator=generator,
+                                      banned=specials.banned(model.config.vocab_size, device),
                                       stop=stop)
     how = f"iterative unmasking ({config['order']}, {passes} full forward passes for {config['max_new_tokens']} tokens)"
     return [row[len(ids):] for row in tokens.tolist()], how, passes
