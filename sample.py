@@ -177,7 +177,7 @@ UNMASK_ORDERS = ("confident", "margin", "random")
 @torch.inference_mode()
 def unmask(model, x, steps, mask_id, temperature=1.0, top_k=None, order="confident", generator=None, banned=None,
            stop=None, region=None):
-    """Fill every [MASK] of x (B, L) (inside region = (start, end) when given) over `steps` bidirectional forward
+    """Fill every [MASK] of x (B, L) (inside region = (begin, end) when given) over `steps` bidirectional forward
     passes: each pass predicts every masked position and reveals an even share of what is left, the rest staying
     masked for the next pass; revealed tokens stay fixed. Which positions go first (`order`): "confident", the
     highest probability of the chosen token; "margin", the largest gap between the two most probable tokens (Kim et
@@ -187,14 +187,14 @@ def unmask(model, x, steps, mask_id, temperature=1.0, top_k=None, order="confide
     if order not in UNMASK_ORDERS:
         raise ValueError(f"unknown unmasking order {order!r}: choose one of {', '.join(UNMASK_ORDERS)}")
     model.eval()
-    start, end = region or (0, x.size(1))
+    begin, end = region or (0, x.size(1))
     passes = 0
     for step in range(steps):
-        masked = x[:, start:end] == mask_id  # (B, n)
+        masked = x[:, begin:end] == mask_id  # (B, n)
         remaining = int(masked.sum(dim=1).max())
         if remaining == 0 or stop:
             break
-        logits = model(x)[0][:, start:end].float()  # (B, n, V)
+        logits = model(x)[0][:, begin:end].float()  # (B, n, V)
         passes += 1
         B, n, V = logits.shape
         candidates = sample_next(logits.reshape(B * n, V), temperature, top_k, generator, banned).view(B, n)
@@ -211,7 +211,7 @@ def unmask(model, x, steps, mask_id, temperature=1.0, top_k=None, order="confide
         chosen = torch.zeros_like(masked)
         chosen.scatter_(1, score.topk(min(reveal, n), dim=1).indices, True)
         chosen &= masked
-        x[:, start:end] = torch.where(chosen, candidates, x[:, start:end])
+        x[:, begin:end] = torch.where(chosen, candidates, x[:, begin:end])
     return passes
 
 
