@@ -60,6 +60,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/encoders.py
 import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while it loads ends quietly)
@@ -432,19 +433,27 @@ WORKER = {}
 
 def worker(connection, config, s, folders, device, threads):
     """A worker process of finished_cells: builds the task once, then runs each cell it is sent, sending back
-    ("done", (cell, result)) or ("error", the exception), until it is sent None or the parent is gone."""
+    ("done", (cell, result)), or ("refused", the one line) for a UserError or Failure, or ("bug", the traceback),
+    until it is sent None or its parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent ends the workers
     torch.set_num_threads(threads)
     try:
         WORKER.update(task=make_tasks(read_texts(config["dataset"]), s, config["seed"]), s=s, folders=folders,
                       device=device)
-        while (cell := connection.recv()) is not None:
+        while True:
+            try:
+                cell = connection.recv()
+            except EOFError:  # the parent is gone: nothing to tell
+                return
+            if cell is None:
+                return
             connection.send(("done", run_cell(cell)))
-    except EOFError:  # the parent is gone: nothing to tell
-        return
-    except Exception as e:  # noqa: B902  (the parent raises it, as if the cell had run there)
-        with contextlib.suppress(OSError):
-            connection.send(("error", e))
+    except (UserError, Failure) as e:  # the parent says it in one line, as if the cell had run there
+        message = ("refused", (type(e).__name__, str(e)))
+    except Exception:  # noqa: B902  (a bug: the parent shows where, in this process)
+        message = ("bug", traceback.format_exc())
+    with contextlib.suppress(OSError):
+        connection.send(message)
 
 
 def run_cell(cell, stop=False):
@@ -467,15 +476,22 @@ def finished_cells(plan, jobs, task, config, s, folders, device, stop):
         return
     arguments = ({k: config[k] for k in ("dataset", "seed")}, s, folders, device,
                  max(1, torch.get_num_threads() // jobs))
-    context, waiting, workers = multiprocessing.get_context("spawn"), list(plan), {}
+    context, waiting, workers, finished = multiprocessing.get_context("spawn"), list(plan), {}, False
+
+    def give(connection):  # the next cell, or None: the worker ends (a worker gone shows at its next read)
+        with contextlib.suppress(OSError):
+            connection.send(waiting.pop(0) if waiting else None)
+
+    # (pipes, not a multiprocessing pool: a pool's queues hold named semaphores, which the resource tracker cleans
+    # up, printing tracebacks if it was killed meanwhile)
     try:
-        for _ in range(min(jobs, len(waiting))):  # (pipes, not a multiprocessing pool: a pool's queues hold named semaphores, which
-            # the resource tracker cleans up, printing tracebacks if it was killed meanwhile)
+        for _ in range(min(jobs, len(waiting))):
             here, there = context.Pipe()
-            workers[here] = context.Process(target=worker, args=(there, *arguments), daemon=True)
-            workers[here].start()
+            process = context.Process(target=worker, args=(there, *arguments), daemon=True)
+            process.start()
+            workers[here] = process
             there.close()  # the worker holds the only other end: its end is the pipe's end of file
-            here.send(waiting.pop(0))
+            give(here)
         busy = set(workers)
         while busy:
             for connection in multiprocessing.connection.wait(list(busy)):
@@ -485,17 +501,22 @@ def finished_cells(plan, jobs, task, config, s, folders, device, stop):
                     workers[connection].join()
                     raise Failure(f"a worker process ended with status {workers[connection].exitcode} (killed, "
                                   f"or out of memory)") from None
-                if kind == "error":
-                    raise said
-                busy.discard(connection)
-                if waiting:
-                    connection.send(waiting.pop(0))
-                    busy.add(connection)
+                if kind == "refused":
+                    raise (UserError if said[0] == "UserError" else Failure)(said[1])
+                if kind == "bug":
+                    raise RuntimeError(f"a worker process failed:\n{said}")
+                if not waiting:
+                    busy.discard(connection)
+                give(connection)
                 yield said
-    finally:  # finished, stopped or failed: no worker is left behind
+        finished = True
+    finally:  # finished (each worker was sent None), stopped or failed: no worker is left behind
         for process in workers.values():
-            process.kill()
-            process.join()
+            if finished:
+                process.join(timeout=5)
+            if process.exitcode is None:
+                process.kill()
+                process.join()
 
 
 def plateau_threshold(study_dir, scale):

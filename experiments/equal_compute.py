@@ -48,7 +48,8 @@ from model import ModelConfig, Transformer
 
 # The processes of train_in_processes (and of encoders.py's workers) talk through pipes, which hold nothing the
 # multiprocessing resource tracker cleans up: if it was killed, its warning that resources "might leak" is untrue
-warnings.filterwarnings("ignore", message="resource_tracker: process died unexpectedly")
+warnings.filterwarnings("ignore", message="resource_tracker: process died unexpectedly", category=UserWarning,
+                        module=r"multiprocessing\.resource_tracker")
 
 
 def resolve_experiment(defaults, scales, name, extensions=(".md", ".json", ".png")):
@@ -260,6 +261,7 @@ def train_in_processes(runs, jobs, label, again="--reuse=True goes on from them"
                     try:
                         kind, said = reports[key].recv()  # said: why (an outcome), or how far (progress)
                     except (EOFError, OSError):  # a process that ended without a word (killed, out of memory)
+                        reports.pop(key).close()
                         process = running.pop(key)
                         process.join()
                         if not stop and failed is None:
@@ -270,6 +272,7 @@ def train_in_processes(runs, jobs, label, again="--reuse=True goes on from them"
                         shares[key] = said
                         continue
                     running.pop(key).join()  # (a process that reported is in `running` until here)
+                    reports.pop(key).close()
                     if kind == "diverged" and not divergence_is_a_result and failed is None:
                         failed = divergence_message(key, said)
                     elif kind in ("trained", "reused", "diverged"):

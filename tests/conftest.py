@@ -76,7 +76,6 @@ def run_script(script, *args, timeout=HANG_TIMEOUT, env=None):
                           timeout=timeout, cwd=ROOT, env=env)
 
 
-
 def children_of(pid, marker):
     """The pids of the processes whose parent is `pid` and whose command line holds `marker` (bytes), from /proc:
     b"spawn_main" for multiprocessing's workers, b"resource_tracker" for its resource tracker."""
@@ -98,12 +97,15 @@ def run_killing_the_resource_tracker(script, *args):
     processes start, as soon as it is there (the kill is asserted to have happened: else nothing was tested)."""
     process = subprocess.Popen([sys.executable, os.path.join(ROOT, script), *args], cwd=ROOT, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    killed, deadline = set(), time.monotonic() + 60
-    while not killed and process.poll() is None and time.monotonic() < deadline:
-        killed = children_of(process.pid, b"resource_tracker")
-        for pid in killed:
-            os.kill(pid, signal.SIGKILL)
-        time.sleep(0.05)
-    out, err = process.communicate(timeout=HANG_TIMEOUT)
+    try:
+        killed, deadline = set(), time.monotonic() + 60
+        while not killed and process.poll() is None and time.monotonic() < deadline:
+            killed = children_of(process.pid, b"resource_tracker")
+            for pid in killed:
+                os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)
+        out, err = process.communicate(timeout=HANG_TIMEOUT)
+    finally:
+        process.kill()
     assert killed, "the resource tracker never started: the test did not test the kill"
     return subprocess.CompletedProcess(process.args, process.returncode, out, err)

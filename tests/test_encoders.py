@@ -303,13 +303,18 @@ def test_the_experiment_runs_end_to_end(char_dataset, tmp_path):
                                 f"--dataset={char_dataset}", f"--out_dir={tmp_path / 'killed'}",
                                 f"--study_dir={tmp_path / 'study'}", "--jobs=2"], cwd=ROOT, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    while process.poll() is None and not (workers := children_of(process.pid, b"spawn_main")):
-        time.sleep(0.05)
-    os.kill(min(workers), signal.SIGKILL)
-    _, err = process.communicate(timeout=600)
+    try:
+        workers = set()
+        while process.poll() is None and len(workers) < 2:
+            workers = children_of(process.pid, b"spawn_main")
+            time.sleep(0.05)
+        assert len(workers) == 2, "the command ended before its two workers started"
+        os.kill(min(workers), signal.SIGKILL)
+        _, err = process.communicate(timeout=600)
+    finally:
+        process.kill()
     assert process.returncode == 1 and err.count("\n") == 1 and "a worker process ended with status -9" in err, err
     assert not any(os.path.exists(f"/proc/{pid}") for pid in workers)
-
 
 
 # ----------------------------------------------------------------------------- pinned against references
