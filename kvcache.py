@@ -73,8 +73,10 @@ class KVCache:
         """prefixlm: the first `length` positions form the bidirectional prefix of every row."""
         self.prefix_length = torch.full((self.batch_size,), length, device=self.tokens.device)
 
-    def advance(self, ids, T):
-        # (LayerCache.update has already refused anything that does not fit)
+    def advance(self, ids):
+        """Record `ids` (B, T) as cached: every layer has stored their K/V (LayerCache.update refused what does
+        not fit)."""
+        T = ids.size(1)
         self.tokens[:, self.length:self.length + T] = ids
         self.length += T
 

@@ -293,7 +293,7 @@ class Transformer(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, mask, self.rotary, start, cache.layer(i) if cache is not None else None)
         if cache is not None:
-            cache.advance(ids, T)
+            cache.advance(ids)
         return self.final_norm(x)
 
     def encode(self, ids, lengths=None):
@@ -321,7 +321,7 @@ class Transformer(nn.Module):
             x = block(x, mask, self.rotary, start, cache.layer(i) if cache is not None else None,
                       cross=(memory_kv[i], memory_mask))
         if cache is not None:
-            cache.advance(ids, T)
+            cache.advance(ids)
         return self.decoder_norm(x)
 
     def forward(self, inputs, targets=None, prefix_length=None, decoder_inputs=None, lengths=None,

@@ -43,8 +43,9 @@ class Specials:
     never_sampled: Optional[list] = None  # published vocabularies (pretrained.py): their special ids, wherever they sit
     tokenizer_size: Optional[int] = None  # published: ids from here to the model's vocab_size are padding (T5: 28)
 
-    def special_ids(self, vocab_size, device=None):
-        """Ids a sampler must never emit: ours are everything from num_ordinary on."""
+    def banned(self, vocab_size, device=None):
+        """The ids a sampler must never emit (the samplers' `banned`): ours are everything from num_ordinary on;
+        a published vocabulary's are its special ids (never_sampled) and the padding rows past its tokenizer."""
         if self.never_sampled is not None:
             unused = list(range(self.tokenizer_size or vocab_size, vocab_size))
             return torch.tensor(self.never_sampled + unused, dtype=torch.long, device=device)

@@ -177,7 +177,7 @@ UNMASK_ORDERS = ("confident", "margin", "random")
 @torch.inference_mode()
 def unmask(model, x, steps, mask_id, temperature=1.0, top_k=None, order="confident", generator=None, banned=None,
            stop=None, region=None):
-    """Fill every [MASK] of x (B, L) (inside region = (start, end) when given) over `steps` bidirectional forward
+    """Fill every [MASK] of x (B, L) (inside region = (begin, end) when given) over `steps` bidirectional forward
     passes: each pass predicts every masked position and reveals an even share of what is left, the rest staying
     masked for the next pass; revealed tokens stay fixed. Which positions go first (`order`): "confident", the
     highest probability of the chosen token; "margin", the largest gap between the two most probable tokens (Kim et
@@ -187,14 +187,14 @@ def unmask(model, x, steps, mask_id, temperature=1.0, top_k=None, order="confide
     if order not in UNMASK_ORDERS:
         raise ValueError(f"unknown unmasking order {order!r}: choose one of {', '.join(UNMASK_ORDERS)}")
     model.eval()
-    start, end = region or (0, x.size(1))
+    begin, end = region or (0, x.size(1))
     passes = 0
     for step in range(steps):
-        masked = x[:, start:end] == mask_id  # (B, n)
+        masked = x[:, begin:end] == mask_id  # (B, n)
         remaining = int(masked.sum(dim=1).max())
         if remaining == 0 or stop:
             break
-        logits = model(x)[0][:, start:end].float()  # (B, n, V)
+        logits = model(x)[0][:, begin:end].float()  # (B, n, V)
         passes += 1
         B, n, V = logits.shape
         candidates = sample_next(logits.reshape(B * n, V), temperature, top_k, generator, banned).view(B, n)
@@ -211,7 +211,7 @@ def unmask(model, x, steps, mask_id, temperature=1.0, top_k=None, order="confide
         chosen = torch.zeros_like(masked)
         chosen.scatter_(1, score.topk(min(reveal, n), dim=1).indices, True)
         chosen &= masked
-        x[:, start:end] = torch.where(chosen, candidates, x[:, start:end])
+        x[:, begin:end] = torch.where(chosen, candidates, x[:, begin:end])
     return passes
 
 
@@ -252,14 +252,13 @@ def generate_left_to_right(model, ids, objective, specials, config, generator, s
     """gpt / prefixlm / t5: one new token per forward pass, with the KV cache (or recomputing, --no_cache).
     Returns (texts' token lists, what ran)."""
     device = next(model.parameters()).device
-    all_specials = specials.special_ids(model.config.vocab_size, device)
     settings = dict(max_new_tokens=config["max_new_tokens"], num_samples=config["num_samples"],
                     temperature=config["temperature"], top_k=config["top_k"] or None, generator=generator,
                     use_cache=not config["no_cache"], stop=stop, compiled=config["compile"])
     # what the model reads first is laid out as in training: after span corruption (t5, or prefixlm's flattened
     # copy of it, claim A2) the text ends in a masked span, <S0> [EOS], which the model fills (its sentinels
     # allowed); UL2's sequential denoiser reads [S2S] first; otherwise the text itself
-    source, banned = ids, all_specials
+    source, banned = ids, specials.banned(model.config.vocab_size, device)
     if objective == "span_corruption":
         source = ids + [specials.sentinels[0], specials.eos]
         banned = torch.tensor([specials.pad, specials.mask, *specials.modes.values()], device=device)
@@ -278,12 +277,12 @@ def generate_left_to_right(model, ids, objective, specials, config, generator, s
 def generate_by_unmasking(model, ids, specials, config, generator, stop):
     """bert (mlm or diffusion): [MASK] placeholders after the prompt, filled over --steps bidirectional passes."""
     device = next(model.parameters()).device
-    all_specials = specials.special_ids(model.config.vocab_size, device)
     tokens, passes = iterative_unmask(model, torch.tensor([ids], device=device), num_new=config["max_new_tokens"],
                                       steps=config["steps"], mask_id=specials.mask,
                                       num_samples=config["num_samples"], temperature=config["temperature"],
                                       top_k=config["top_k"] or None, order=config["order"],
-                                      block_length=config["block_length"], generator=generator, banned=all_specials,
+                                      block_length=config["block_length"], generator=generator,
+                                      banned=specials.banned(model.config.vocab_size, device),
                                       stop=stop)
     how = f"iterative unmasking ({config['order']}, {passes} full forward passes for {config['max_new_tokens']} tokens)"
     return [row[len(ids):] for row in tokens.tolist()], how, passes

@@ -52,12 +52,15 @@ each part: its best reader's mean minus one std above the spelling rule by CONTR
 verdict. Mean +- std over seeds; each seed is its own pretraining run and fine-tuning order. The readers of each
 part, the rate kept, the controls and the report: experiments/encoders_report.py.
 """
+import contextlib
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import sys
 import time
+import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/encoders.py
 import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while it loads ends quietly)
@@ -71,7 +74,7 @@ from experiments.equal_compute import machine_line, resolve_experiment, write_re
 from experiments.finetune import Backbone, hidden_states, study_backbones
 from experiments.encoders_report import CROSS_READERS, PARTS, controls, kept_rates, plot, report, tried_rates
 from experiments.tasks import classification_scores, ngram_features, read_texts, tuned_logistic_regression
-from infra.configurator import UserError, output_folder, run_main
+from infra.configurator import Failure, UserError, output_folder, run_main
 from infra.progress import StopSignals, check_writable, format_duration
 from infra.timing import median_time
 
@@ -428,11 +431,29 @@ def earlier_cells(path, data):
 WORKER = {}
 
 
-def start_worker(config, s, folders, device, threads):
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent ends the pool
+def worker(connection, config, s, folders, device, threads):
+    """A worker process of finished_cells: builds the task once, then runs each cell it is sent, sending back
+    ("done", (cell, result)), or ("refused", the one line) for a UserError or Failure, or ("bug", the traceback),
+    until it is sent None or its parent is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent ends the workers
     torch.set_num_threads(threads)
-    WORKER.update(task=make_tasks(read_texts(config["dataset"]), s, config["seed"]), s=s, folders=folders,
-                  device=device)
+    try:
+        WORKER.update(task=make_tasks(read_texts(config["dataset"]), s, config["seed"]), s=s, folders=folders,
+                      device=device)
+        while True:
+            try:
+                cell = connection.recv()
+            except EOFError:  # the parent is gone: nothing to tell
+                return
+            if cell is None:
+                return
+            connection.send(("done", run_cell(cell)))
+    except (UserError, Failure) as e:  # the parent says it in one line, as if the cell had run there
+        message = ("refused", (type(e).__name__, str(e)))
+    except Exception:  # noqa: B902  (a bug: the parent shows where, in this process)
+        message = ("bug", traceback.format_exc())
+    with contextlib.suppress(OSError):
+        connection.send(message)
 
 
 def run_cell(cell, stop=False):
@@ -455,12 +476,47 @@ def finished_cells(plan, jobs, task, config, s, folders, device, stop):
         return
     arguments = ({k: config[k] for k in ("dataset", "seed")}, s, folders, device,
                  max(1, torch.get_num_threads() // jobs))
-    pool = multiprocessing.get_context("spawn").Pool(jobs, start_worker, arguments)
+    context, waiting, workers, finished = multiprocessing.get_context("spawn"), list(plan), {}, False
+
+    def give(connection):  # the next cell, or None: the worker ends (a worker gone shows at its next read)
+        with contextlib.suppress(OSError):
+            connection.send(waiting.pop(0) if waiting else None)
+
+    # (pipes, not a multiprocessing pool: a pool's queues hold named semaphores, which the resource tracker cleans
+    # up, printing tracebacks if it was killed meanwhile)
     try:
-        yield from pool.imap_unordered(run_cell, plan)
-    finally:  # finished, stopped or failed: no worker is left behind
-        pool.terminate()
-        pool.join()
+        for _ in range(min(jobs, len(waiting))):
+            here, there = context.Pipe()
+            process = context.Process(target=worker, args=(there, *arguments), daemon=True)
+            process.start()
+            workers[here] = process
+            there.close()  # the worker holds the only other end: its end is the pipe's end of file
+            give(here)
+        busy = set(workers)
+        while busy:
+            for connection in multiprocessing.connection.wait(list(busy)):
+                try:
+                    kind, said = connection.recv()
+                except (EOFError, OSError):  # ended without a word (killed from outside, out of memory)
+                    workers[connection].join()
+                    raise Failure(f"a worker process ended with status {workers[connection].exitcode} (killed, "
+                                  f"or out of memory)") from None
+                if kind == "refused":
+                    raise (UserError if said[0] == "UserError" else Failure)(said[1])
+                if kind == "bug":
+                    raise RuntimeError(f"a worker process failed:\n{said}")
+                if not waiting:
+                    busy.discard(connection)
+                give(connection)
+                yield said
+        finished = True
+    finally:  # finished (each worker was sent None), stopped or failed: no worker is left behind
+        for process in workers.values():
+            if finished:
+                process.join(timeout=5)
+            if process.exitcode is None:
+                process.kill()
+                process.join()
 
 
 def plateau_threshold(study_dir, scale):

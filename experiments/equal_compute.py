@@ -26,12 +26,12 @@ import json
 import multiprocessing
 import multiprocessing.connection
 import os
-import queue
 import re
 import signal
 import threading
 import time
 import traceback
+import warnings
 
 import torch
 
@@ -45,6 +45,11 @@ from infra.progress import StopSignals, check_writable, format_duration, format_
 from infra.timing import machine_name
 from infra.train_config import MODEL_KEYS, model_config
 from model import ModelConfig, Transformer
+
+# The processes of train_in_processes (and of encoders.py's workers) talk through pipes, which hold nothing the
+# multiprocessing resource tracker cleans up: if it was killed, its warning that resources "might leak" is untrue
+warnings.filterwarnings("ignore", message="resource_tracker: process died unexpectedly", category=UserWarning,
+                        module=r"multiprocessing\.resource_tracker")
 
 
 def resolve_experiment(defaults, scales, name, extensions=(".md", ".json", ".png")):
@@ -230,7 +235,8 @@ def train_in_processes(runs, jobs, label, again="--reuse=True goes on from them"
     context = multiprocessing.get_context("spawn")  # not fork: a forked OpenMP runtime can hang
     jobs = min(jobs, len(runs))
     threads = max(1, torch.get_num_threads() // jobs)
-    reports = context.Queue()
+    reports = {}  # key -> the reading end of the pipe its process reports on (a pipe, not a multiprocessing queue:
+    # a queue's named semaphores are the resource tracker's to clean, which prints tracebacks if it was killed)
     units = {key: run[0][3].get("budget_fraction", 1.0) for key, run in runs.items()}  # a run's share of the budget
     waiting, running, begun, outcomes, failed, usage = list(runs), {}, {}, {}, None, False
     trained_units = trained_seconds = 0.0  # what the runs trained here cost: the time left is estimated from them
@@ -244,32 +250,38 @@ def train_in_processes(runs, jobs, label, again="--reuse=True goes on from them"
                 while waiting and len(running) < jobs and not stop and failed is None:
                     key = waiting.pop(0)
                     model, arguments, reuse = runs[key]
+                    reports[key], sending = context.Pipe(duplex=False)
                     running[key] = process = context.Process(target=train_one,
-                                                             args=(key, model, arguments, reuse, threads, reports))
+                                                             args=(model, arguments, reuse, threads, sending))
                     process.start()
+                    sending.close()  # the process holds the only writing end: its end is the pipe's end of file
                     begun[key] = time.perf_counter()
-                try:
-                    key, (kind, said) = reports.get(timeout=1)  # said: why (an outcome), or how far (progress)
+                ready = multiprocessing.connection.wait([reports[key] for key in running], timeout=1)
+                for key in [key for key in running if reports[key] in ready]:
+                    try:
+                        kind, said = reports[key].recv()  # said: why (an outcome), or how far (progress)
+                    except (EOFError, OSError):  # a process that ended without a word (killed, out of memory)
+                        reports.pop(key).close()
+                        process = running.pop(key)
+                        process.join()
+                        if not stop and failed is None:
+                            failed = f"training {key}: its process ended with status {process.exitcode} " \
+                                f"(killed, or out of memory); {again.replace('them', 'the runs that finished')}"
+                        continue
                     if kind == "progress":  # a run under way: the share of its budget done (no outcome yet)
                         shares[key] = said
-                    else:
-                        running.pop(key).join()  # (a process that reported is in `running` until here)
-                        if kind == "diverged" and not divergence_is_a_result and failed is None:
-                            failed = divergence_message(key, said)
-                        elif kind in ("trained", "reused", "diverged"):
-                            outcomes[key] = (kind, said)
-                            if kind == "trained":  # its process's whole life: starting it costs time too
-                                trained_units += units[key]
-                                trained_seconds += time.perf_counter() - begun[key]
-                        elif kind in ("error", "failed") and failed is None:
-                            failed, usage = f"training {key}: {said}", kind == "error"
-                except queue.Empty:  # a process that ended without a word (killed from outside, out of memory); one
-                    for key, process in list(running.items()):  # that reported has its word in the queue already
-                        if process.exitcode is not None and reports.empty():
-                            running.pop(key)
-                            if not stop and failed is None:
-                                failed = f"training {key}: its process ended with status {process.exitcode} " \
-                                    f"(killed, or out of memory); {again.replace('them', 'the runs that finished')}"
+                        continue
+                    running.pop(key).join()  # (a process that reported is in `running` until here)
+                    reports.pop(key).close()
+                    if kind == "diverged" and not divergence_is_a_result and failed is None:
+                        failed = divergence_message(key, said)
+                    elif kind in ("trained", "reused", "diverged"):
+                        outcomes[key] = (kind, said)
+                        if kind == "trained":  # its process's whole life: starting it costs time too
+                            trained_units += units[key]
+                            trained_seconds += time.perf_counter() - begun[key]
+                    elif kind in ("error", "failed") and failed is None:
+                        failed, usage = f"training {key}: {said}", kind == "error"
                 if stop or failed:
                     for process in running.values():
                         if not getattr(process, "asked_to_stop", False):
@@ -308,26 +320,27 @@ def under_way_rate(runs):
 
 class ShareReports:
     """A training process's stdout: nothing is printed; the share of its FLOPs budget that a quiet run prints every
-    few seconds ("(P% of its FLOPs budget)", infra/run_control.py) goes to the parent as (key, ("progress", P/100)),
+    few seconds ("(P% of its FLOPs budget)", infra/run_control.py) goes to the parent as ("progress", P/100),
     which estimates the time left from it before any run has finished."""
     SHARE = re.compile(r"\((\d+)% of its FLOPs budget\)")
 
-    def __init__(self, key, reports):
-        self.key, self.reports = key, reports
+    def __init__(self, reports):
+        self.reports = reports
 
     def write(self, text):
         found = self.SHARE.search(text)
         if found:
-            self.reports.put((self.key, ("progress", int(found[1]) / 100)))
+            with contextlib.suppress(OSError):  # the parent is gone: stop_when_gone stops this run
+                self.reports.send(("progress", int(found[1]) / 100))
         return len(text)
 
     def flush(self):
         pass
 
 
-def train_one(key, model, arguments, reuse, threads, reports):
-    """One run of train_in_processes, in a process of its own: (key, (what train_all made of it, why)) on
-    `reports`, and (key, ("progress", share of its budget done)) while it trains (ShareReports).
+def train_one(model, arguments, reuse, threads, reports):
+    """One run of train_in_processes, in a process of its own: (what train_all made of it, why) on the pipe
+    `reports`, its own, and ("progress", share of its budget done) while it trains (ShareReports).
     Only SIGTERM stops it: the parent sends one at a Ctrl-C (which a terminal sends to every process of the
     command: the parent alone answers it), and the process sends itself one if the parent is gone."""
     outcome, parent = ("stopped", ""), multiprocessing.parent_process()
@@ -335,7 +348,7 @@ def train_one(key, model, arguments, reuse, threads, reports):
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # this thread's, and every thread's it starts
         threading.Thread(target=stop_when_gone, args=(parent.sentinel,), daemon=True).start()
         torch.set_num_threads(threads)
-        with contextlib.redirect_stdout(ShareReports(key, reports)), StopSignals(immediate=True):
+        with contextlib.redirect_stdout(ShareReports(reports)), StopSignals(immediate=True):
             trained, _ = train_all([model], *arguments, reuse=reuse, divergence_is_a_result=True)
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # done: a stop now must not lose the report
         result = {} if trained is None else trained[model[0]]
@@ -350,7 +363,8 @@ def train_one(key, model, arguments, reuse, threads, reports):
     except BaseException:  # noqa: B902  (the parent says it in one line and stops the others)
         outcome = ("failed", traceback.format_exc(limit=-3).strip().splitlines()[-1])
     if parent.is_alive():
-        reports.put((key, outcome))
+        with contextlib.suppress(OSError):  # (gone since: nobody is left to tell)
+            reports.send(outcome)
 
 
 def stop_when_gone(sentinel):

@@ -1,8 +1,10 @@
 """Shared fixtures: a small char-level dataset prepared with the project's own prepare script, tiny configs."""
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -72,3 +74,38 @@ def run_script(script, *args, timeout=HANG_TIMEOUT, env=None):
     """Run one of the project's scripts as a user would; returns CompletedProcess."""
     return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env=env)
+
+
+def children_of(pid, marker):
+    """The pids of the processes whose parent is `pid` and whose command line holds `marker` (bytes), from /proc:
+    b"spawn_main" for multiprocessing's workers, b"resource_tracker" for its resource tracker."""
+    found = set()
+    for child in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{child}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{child}/cmdline", "rb") as f:
+                if parent == pid and marker in f.read():
+                    found.add(int(child))
+        except (OSError, IndexError, ValueError):  # ended meanwhile
+            pass
+    return found
+
+
+def run_killing_the_resource_tracker(script, *args):
+    """Run a script with --jobs=2 as run_script does, and kill -9 the multiprocessing resource tracker its worker
+    processes start, as soon as it is there (the kill is asserted to have happened: else nothing was tested)."""
+    process = subprocess.Popen([sys.executable, os.path.join(ROOT, script), *args], cwd=ROOT, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        killed, deadline = set(), time.monotonic() + 60
+        while not killed and process.poll() is None and time.monotonic() < deadline:
+            killed = children_of(process.pid, b"resource_tracker")
+            for pid in killed:
+                os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)
+        out, err = process.communicate(timeout=HANG_TIMEOUT)
+    finally:
+        process.kill()
+    assert killed, "the resource tracker never started: the test did not test the kill"
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)

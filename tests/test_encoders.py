@@ -4,14 +4,19 @@ loss and the ranking scores agree with plain references, the rules score what th
 fine-tuned on, a failing control reads "failed", and the command runs end to end."""
 import json
 import math
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from collections import Counter
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import run_script
+from conftest import ROOT, children_of, run_killing_the_resource_tracker, run_script
 from experiments import encoder_tasks, encoders, encoders_report
 from experiments.finetune import Backbone, hidden_states
 from model import ModelConfig, Transformer
@@ -282,6 +287,34 @@ def test_the_experiment_runs_end_to_end(char_dataset, tmp_path):
     assert gpt["equal pairs"] == gpt["pairs"] and gpt["balanced accuracy"] == 0.5
     priced = data["prices"]
     assert len(priced) == len(encoders.CROSS_READERS) and all(v > 0 for p in priced.values() for v in p.values())
+
+    # --jobs=2: the same cells, in worker processes; the multiprocessing resource tracker killed (kill -9) on the
+    # way changes nothing and prints nothing (a pool's queues left it semaphores to clean: KeyError tracebacks)
+    jobs = run_killing_the_resource_tracker("experiments/encoders.py", "--quick", f"--dataset={char_dataset}",
+                                            f"--out_dir={tmp_path / 'jobs'}", f"--study_dir={tmp_path / 'study'}",
+                                            "--jobs=2")
+    assert jobs.returncode == 0 and not re.search("Traceback|Error|Warning", jobs.stderr), jobs.stderr[-2000:]
+    key = lambda cell: json.dumps(cell, sort_keys=True)  # noqa: E731  (the workers finish in any order)
+    cells = json.loads((tmp_path / "jobs" / "encoders-quick.json").read_text())["cells"]
+    assert sorted(map(key, cells)) == sorted(map(key, data["cells"]))
+
+    # a worker killed (kill -9, or out of memory): one line, status 1, no process left behind
+    process = subprocess.Popen([sys.executable, os.path.join(ROOT, "experiments/encoders.py"), "--quick",
+                                f"--dataset={char_dataset}", f"--out_dir={tmp_path / 'killed'}",
+                                f"--study_dir={tmp_path / 'study'}", "--jobs=2"], cwd=ROOT, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        workers = set()
+        while process.poll() is None and len(workers) < 2:
+            workers = children_of(process.pid, b"spawn_main")
+            time.sleep(0.05)
+        assert len(workers) == 2, "the command ended before its two workers started"
+        os.kill(min(workers), signal.SIGKILL)
+        _, err = process.communicate(timeout=600)
+    finally:
+        process.kill()
+    assert process.returncode == 1 and err.count("\n") == 1 and "a worker process ended with status -9" in err, err
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in workers)
 
 
 # ----------------------------------------------------------------------------- pinned against references

@@ -217,7 +217,7 @@ def test_messages_name_the_real_problem(trained, char_dataset, tmp_path):
     one_line(result, "as many tokens", "other ones")
 
 
-def test_the_experiments_helpers_and_options_say_what_they_are(tmp_path):
+def test_the_experiments_helpers_and_options_say_what_they_are(tmp_path, char_dataset):
     """A helper among the commands, run as one, says it is not one (no import traceback); --scale=quick is refused
     (the quick scale writes to out-quick/ with --quick only, never into results/); an empty --study_dir is named."""
     for helper in ("structural", "study_report", "tasks", "equal_compute"):
@@ -231,6 +231,20 @@ def test_the_experiments_helpers_and_options_say_what_they_are(tmp_path):
     one_line(run_script("experiments/reversal.py", "--quick", "--models=gpt,bort", f"--out_dir={tmp_path / 'o'}"),
              "--models=gpt,bort")
     assert not os.listdir(tmp_path)  # refused after the output check: it made no folder
+    # encoders: a damaged study file in the study folder (not JSON; a rate that is not a number) is named, and an
+    # --out_dir that is a file is refused naming the file this command would write (one part's, not the whole's)
+    study = tmp_path / "study"
+    study.mkdir()
+    for text in ("not json", '{"chosen_learning_rate": {"gpt": "fast"}}'):
+        (study / "study-quick.json").write_text(text)
+        one_line(run_script("experiments/encoders.py", "--quick", "--parts=judge", f"--study_dir={study}",
+                            f"--dataset={char_dataset}", f"--out_dir={tmp_path / 'o'}"),
+                 "study-quick.json is damaged", "run python "
+                 "experiments/study.py again, or delete it")
+    (tmp_path / "a-file").write_text("")
+    one_line(run_script("experiments/encoders.py", "--quick", "--parts=judge", f"--study_dir={study}",
+                        f"--out_dir={tmp_path / 'a-file'}"), "is a file", "encoders-quick-judge.md")
+    assert sorted(os.listdir(tmp_path)) == ["a-file", "study"] and os.listdir(study) == ["study-quick.json"]
 
 
 # ----------------------------------------------------------------------------- 7. edges
