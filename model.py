@@ -159,6 +159,7 @@ class ModelConfig:
     dropout: float = 0.0
     bias: bool = True           # biases in Linear and LayerNorm
     position: str = "learned"   # learned | rope | none (NoPE, claim D5)
+    init_std: float = 0.02      # GPT-2's N(0, 0.02) for every weight (experiments/plateau.py varies it)
 
     def __post_init__(self):
         if self.d_ff == 0:
@@ -184,6 +185,8 @@ class ModelConfig:
                              f"pick n_embd a multiple of n_head")
         if self.position == "rope" and (self.n_embd // self.n_head) % 2:
             raise ValueError("rotary positions need an even head size (n_embd / n_head)")
+        if not self.init_std > 0.0:
+            raise ValueError(f"init_std must be above 0, got {self.init_std}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
 
@@ -230,12 +233,13 @@ class Transformer(nn.Module):
     def _init_weights(self, module):
         if isinstance(module, nn.Linear):  # GPT-2: outputs into the residual stream scaled by its depth
             depth = 2 * (self.config.n_layer + self.config.n_decoder_layer)
-            std = 0.02 / math.sqrt(depth) if getattr(module, "residual_output", False) else 0.02
+            std = self.config.init_std
+            std = std / math.sqrt(depth) if getattr(module, "residual_output", False) else std
             nn.init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
 
     def attention_maps(self, ids, prefix_length=None):
         """Every layer's attention probabilities for ids: a list of (B, nh, T, T), computed explicitly."""

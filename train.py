@@ -56,6 +56,7 @@ DEFAULTS = dict(
     # model: layers (t5: of its encoder; n_decoder_layer 0 = as many), heads, width, context length in tokens
     n_layer=6, n_decoder_layer=0, n_head=6, n_embd=384, block_size=256, dropout=0.2, bias=False,
     position="learned",         # learned | rope | none (NoPE, claim D5)
+    init_std=0.02,              # the std of every weight at initialisation (GPT-2's; residual outputs / sqrt(depth))
     # objective settings (the others keep the published values: objectives.py)
     mlm_mask_fraction=0.8, mlm_random_fraction=0.1,  # BERT's 80/10/10 (claim C2's ablation sets 1.0, 0.0)
     ul2_mixture=(0.5, 0.25, 0.25),                   # UL2's S / R / X weights (claim F2)

@@ -72,6 +72,11 @@ VARIANTS = [  # name, arch, objective, settings, seeds (--seeds_of_contrasts=2: 
     ("bert, learned, batch x2", "bert", "mlm", dict(OLD, batch_factor=2), 2),  # half the steps: the same FLOPs
     ("diffusion, learned, warmup 400", "bert", "diffusion", dict(OLD, warmup_iters=400), 2),
     ("diffusion, learned, batch x2", "bert", "diffusion", dict(OLD, batch_factor=2), 2),
+    # the initialisation scale, half and twice GPT-2's N(0, 0.02) (train.py's init_std)
+    ("bert, learned, init std 0.01", "bert", "mlm", dict(OLD, init_std=0.01), 2),
+    ("bert, learned, init std 0.04", "bert", "mlm", dict(OLD, init_std=0.04), 2),
+    ("diffusion, learned, init std 0.01", "bert", "diffusion", dict(OLD, init_std=0.01), 2),
+    ("diffusion, learned, init std 0.04", "bert", "diffusion", dict(OLD, init_std=0.04), 2),
 ]
 NOISE_BATCHES = {"cpu": 200, "gpu": 200, "quick": 4}  # batches per time sampler in time_sampler_noise
 

@@ -15,7 +15,7 @@ MODEL_KEYS = ("arch", "n_layer", "n_decoder_layer", "n_head", "n_embd", "block_s
 
 def model_config(config, vocab_size):
     """The ModelConfig a training config describes."""
-    return ModelConfig(vocab_size=vocab_size, dropout=config["dropout"],
+    return ModelConfig(vocab_size=vocab_size, dropout=config["dropout"], init_std=config["init_std"],
                        d_ff=PRESETS.get(config["preset"], {}).get("d_ff", 0),
                        **{k: config[k] for k in MODEL_KEYS})
 

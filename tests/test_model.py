@@ -54,10 +54,23 @@ def test_tied_embeddings_and_weighted_loss():
 @pytest.mark.parametrize("bad, message", [
     (dict(n_embd=30, n_head=4), "divisible"), (dict(arch="rnn"), "unknown arch"),
     (dict(position="fractal"), "unknown position"), (dict(dropout=1.5), "dropout"), (dict(n_layer=0), "n_layer"),
+    (dict(init_std=0.0), "init_std"),
 ])
 def test_config_errors(bad, message):
     with pytest.raises(ValueError, match=message):
         ModelConfig(**bad).validate()
+
+
+@pytest.mark.parametrize("init_std", [0.01, 0.02, 0.04])
+def test_init_std_sets_the_spread_of_every_weight(init_std):
+    """GPT-2's initialisation at a chosen scale (experiments/plateau.py varies it): embeddings and the Linear
+    layers at init_std, the layers that write into the residual stream at init_std / sqrt(2 * layers)."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(arch="bert", vocab_size=500, block_size=64, n_layer=2, n_head=2, n_embd=128,
+                                    init_std=init_std))
+    assert model.token_embedding.weight.std().item() == pytest.approx(init_std, rel=0.02)
+    assert model.blocks[0].mlp.fc.weight.std().item() == pytest.approx(init_std, rel=0.02)
+    assert model.blocks[0].mlp.proj.weight.std().item() == pytest.approx(init_std / 2, rel=0.02)  # sqrt(2 * 2)
 
 
 def test_longer_than_block_size_is_an_error():
