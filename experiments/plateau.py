@@ -4,11 +4,9 @@ Question: why did bert and masked diffusion sit on the character-frequency plate
 learned, and what moves them off it? A model compared there must first have learned (the study's positive
 control), so the study's recipe is chosen from what this finds.
 
-    python experiments/plateau.py --jobs=2    # 12 variants at the study's shape and budget, 22 runs (gpt and
+    python experiments/plateau.py --jobs=2    # 16 variants at the study's shape and budget, 30 runs (gpt and
                                               # t5 1 seed, the others 2) -> results/study/plateau-cpu.{md,json,png}:
-                                              # 33 minutes on 2 cores shared with other jobs (6 runs reused with
-                                              # --reuse=True); alone about 20 minutes (estimated: ~100 s a run, two
-                                              # at a time)
+                                              # 37 minutes on 2 cores, all 30 trained (a test run beside it at times)
     python experiments/plateau.py --jobs=2 --seeds=1   # the first seed only -> plateau-cpu-1seed.*
     python experiments/plateau.py --quick     # a smoke run in seconds (the test suite runs it) -> out-quick/
 
@@ -22,8 +20,8 @@ diffusion with learned positions (the variants that stayed longest on the platea
 3 x lower and 3 x higher (bert), twice the batch (half the steps: the same FLOPs). Diffusion's time sampler is
 measured rather than retrained: time_sampler_noise, on each diffusion run of the first seed, compares the spread of
 the training loss with t stratified over the batch (training's, MDLM's low-discrepancy sampler), drawn
-independently per row, and fixed (no 1/t spread). Not varied: the initialisation (GPT-2's N(0, 0.02), fixed in
-model.py).
+independently per row, and fixed (no 1/t spread). Last, the initialisation scale (train.py's init_std): half and
+twice GPT-2's N(0, 0.02), for bert and diffusion with learned positions.
 A run leaves the plateau at the first evaluation where its validation loss is at least 0.3 nats under its
 objective's context-free reference (study.plateau_control, computed from the data: for bert and diffusion nearly
 what character frequencies give); the table gives that iteration per seed ("never" when it did not by the end) and
