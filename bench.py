@@ -229,14 +229,15 @@ def bench_decoding(device, size, repeats, results, compiled_rows=True):
     gpt = models["gpt"]
     run = {}
     with torch.no_grad(), autocast_for(device, size["dtype"]):
-        for name, use_cache in (("gpt, KV cache", True), ("gpt, recomputed", False)):
-            seconds = median_time(lambda: sample.generate(gpt, prompt, new, temperature=0, use_cache=use_cache),
+        for name, sampler in (("gpt, KV cache", sample.generate), ("gpt, recomputed", sample.generate_uncached)):
+            seconds = median_time(lambda: sampler(gpt, prompt, new, sample.GREEDY),
                                   device, max(1, repeats // 2), warmup=1)
             run[name] = {"tokens_per_s": new / seconds, "forward_passes": new}
         for steps in (16, 64):
-            seconds = median_time(lambda: sample.iterative_unmask(models["bert"], prompt, new, steps,
-                                                                  mask_id=mask_id, temperature=0),
-                                  device, max(1, repeats // 2), warmup=1)
+            def mask_predict():
+                x = torch.cat([prompt, torch.full((1, new), mask_id, device=prompt.device)], dim=1)
+                sample.iterative_unmask(models["bert"], x, x == mask_id, steps, sample.GREEDY)
+            seconds = median_time(mask_predict, device, max(1, repeats // 2), warmup=1)
             run[f"bert mask-predict, {steps} steps"] = {"tokens_per_s": new / seconds, "forward_passes": steps}
     # each token reads every weight and the KV cache once: bandwidth / those bytes bounds tokens/s at batch 1 (beaten
     # where the CPU's caches hold much of a small model). Token by token only: mask-predict reads them once a step

@@ -36,6 +36,7 @@ from infra.configurator import QUICK_OUTPUT, UserError
 from infra.progress import check_writable
 from infra.timing import matmul_flops_per_second, median_time, mfu_text, time_once
 from infra.plots import pyplot, save
+from sample import Sampling, T5Prompt
 
 
 # ----------------------------------------------------------------------------- tables
@@ -69,11 +70,12 @@ def against_hugging_face(generate, size, prompt, new, device, repeats, autocast=
         bos_token_id=None, eos_token_id=None, pad_token_id=0)).to(device).eval()
     ours, _ = build_published(theirs.config, theirs.state_dict(), "transformers' GPT2LMHeadModel", device)
     reference = "transformers generate (use_cache=True, greedy)"
-    samplers = {"ours, KV cache (sample.generate)": lambda: generate(ours, prompt, new, temperature=0),
+    greedy = Sampling(temperature=0)
+    samplers = {"ours, KV cache (sample.generate)": lambda: generate(ours, prompt, new, greedy),
                 reference: lambda: theirs.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
                                                    min_new_tokens=new, do_sample=False, use_cache=True)}
     if compiled:
-        samplers["ours, KV cache, compiled step"] = lambda: generate(ours, prompt, new, temperature=0, compiled=True)
+        samplers["ours, KV cache, compiled step"] = lambda: generate(ours, prompt, new, greedy, compiled=True)
     speeds, tokens = {}, {}
     torch._dynamo.reset()  # a new model: graphs of its own
     with torch.no_grad():
@@ -183,7 +185,7 @@ def profile_decoding(model, ids, device, autocast=nullcontext, compiled=True, st
     the weights prepacked as sample.py decodes (infra/decode_layout.py), and compiled: {case: figures}."""
     T = ids.size(1)
     modes = (("eager", kvcache.decode_step), ("eager, prepacked weights", kvcache.decode_step)) + \
-        ((("compiled", kvcache.compiled_decode_step(model)),) if compiled else ())
+        ((("compiled", decode_layout.compiled_decode_step(model)),) if compiled else ())
     cases = [(batch, mode, step) for batch in (1, 32) for mode, step in modes]
     data = {}
     progress = Progress(f"[{label}] decoding", len(cases))
@@ -263,7 +265,7 @@ MODES = (("eager, nn.Linear's layout", False), ("eager", False), ("compiled", Tr
 
 def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, size, repeats, results, models,
                               prompt, new, autocast):
-    """bench.py's 4c: eager vs torch.compile'd decoding step (kvcache.compiled_decode_step), gpt at batch 1, 8 and
+    """bench.py's 4c: eager vs torch.compile'd decoding step (decode_layout.compiled_decode_step), gpt at batch 1, 8 and
     32 from one shared prefill (sample.py --num_samples), prefixlm and t5 at batch 1, each against bench.py's
     `decoding_floor`. Compilation is paid once per process and per batch-size regime (1, then any larger): the
     first generation's extra time is reported as compile time."""
@@ -277,9 +279,8 @@ def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, s
     with torch.no_grad(), autocast():
         for done, (arch, batch) in enumerate(cases):
             model = models[arch]
-            extra = dict(encoder_inputs=t5_inputs, start_token=0) if arch == "t5" else {}
-            start = prompt[:, :1] if arch == "t5" else prompt
-            context = start.size(1) + new / 2  # average context of the generation
+            start = T5Prompt(t5_inputs.expand(batch, -1), None, 0) if arch == "t5" else prompt.expand(batch, -1)
+            context = (1 if arch == "t5" else prompt.size(1)) + new / 2  # average context of the generation
             encoder_length = t5_inputs.size(1) if arch == "t5" else 0
             floor = decoding_floor(model, bandwidth, batch, context, encoder_length)
             compute_bound = matmul_rate / decoding_cost(model, context, encoder_length)[2]  # each row's matmuls, peak
@@ -289,7 +290,7 @@ def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, s
                 progress.update(len(MODES) * done + step)
 
                 def generation():
-                    generate(model, start, new, num_samples=batch, temperature=0, compiled=compiled, **extra)
+                    generate(model, start, new, Sampling(temperature=0), compiled=compiled)
 
                 decode_layout.USE_PREPACKED = mode != "eager, nn.Linear's layout"
                 try:
@@ -313,7 +314,7 @@ def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, s
     return table(f"4c. Compiled decoding: {new} greedy tokens per row from a {prompt.size(1)}-token prompt (t5: an "
                  f"8-token encoder input): eager with nn.Linear's weight layout, eager as sample.py decodes (the "
                  f"weights prepacked for the CPU's BLAS, infra/decode_layout.py) and the torch.compile'd step "
-                 f"(kvcache.compiled_decode_step); floor = weights once per step + each row's KV cache, at the "
+                 f"(decode_layout.compiled_decode_step); floor = weights once per step + each row's KV cache, at the "
                  f"measured copy bandwidth",
                  ["arch", "batch", "step", "tokens/s", "floor tokens/s", "of floor", "compute bound tokens/s",
                   "first-call extra s (compile)", "vs nn.Linear's layout"], rows)

@@ -144,7 +144,7 @@ def test_sample_runs_and_reports_speed(trained_dir):
                         "--max_new_tokens=40")
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("To be") == 2 and "tokens/s" in result.stdout
-    # --compile=True (kvcache.compiled_decode_step): greedy text identical to the eager step's
+    # --compile=True (decode_layout.compiled_decode_step): greedy text identical to the eager step's
     texts = {}
     for compiled in (False, True):
         result = run_script("sample.py", f"--out_dir={trained_dir}", "--start=To be", "--num_samples=2",
