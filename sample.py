@@ -68,7 +68,7 @@ class Sampling:
     top_k: int | None = None
     banned: torch.Tensor | None = None   # ids never sampled: [PAD], [MASK], ... (objectives.Specials.banned)
     generator: torch.Generator | None = None
-    order: str = "confident"             # unmasking: confident | margin | random (see unmask)
+    order: str = "confident"             # unmasking: which positions first, one of UNMASK_ORDERS (unmask)
     block_length: int = 0                # unmasking: > 0 = semi-autoregressive blocks, left to right
 
     def allowed(self, logits):
