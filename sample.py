@@ -15,7 +15,6 @@ p(x) to sample left to right. bert fills [MASK] placeholders by iterative unmask
 `iterative_unmask`), which is also the sampler of a masked-diffusion model (--objective=diffusion). Read top to bottom: one token from logits, the left-to-right samplers, the unmasking
 samplers, then the command. Every run prints the text, the number of forward passes and the decode speed.
 """
-import contextlib
 import math
 import os
 import sys
@@ -29,7 +28,7 @@ import torch
 
 from infra.checkpoint import load_model
 from infra.configurator import UserError, apply_overrides, check_compiler, pick_device, read_text_file, run_main
-from infra.decode_layout import compiled_decode_step, prepacked
+from infra.decode_layout import decoding_step
 from infra.pretrained import tokenizer_for
 from infra.progress import StopSignalsWithProgress
 import kvcache
@@ -170,9 +169,9 @@ def generate(model, prompt, max_new_tokens, sampling=Sampling(), stop=None, comp
     to generate_uncached (tests/test_kvcache.py). compiled=True runs each decoding step through torch.compile
     (same tokens as eager, tests/test_kvcache.py)."""
     model.eval()
-    one_position = compiled_decode_step(model) if compiled else kvcache.decode_step
-    # the weights in the layout this CPU reads fastest (infra/decode_layout.py); a compiled step has its own
-    layout = contextlib.nullcontext() if compiled else prepacked(model)
+    # kvcache.decode_step, run where it is fastest: its weights prepacked for this CPU, or the step compiled
+    # (infra/decode_layout.py: speed only, the same tokens)
+    one_position, layout = decoding_step(model, compiled)
     with layout:
         block_size = model.config.block_size
         sequence = start_sequence(model, prompt)

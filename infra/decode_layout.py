@@ -96,6 +96,15 @@ def compiled_decode_step(model):
     return compiled_step(device, frozen)
 
 
+def decoding_step(model, compiled):
+    """What sample.generate decodes with: (the one-position step, the context it runs in). Eager: kvcache's step
+    with the weights prepacked (where that applies); compiled: the compiled step, whose frozen weights have a
+    layout of their own. The same tokens either way (tests/test_kvcache.py)."""
+    if compiled:
+        return compiled_decode_step(model), contextlib.nullcontext()
+    return decode_step, prepacked(model)
+
+
 @functools.cache
 def compiled_step(device, frozen):
     if not frozen:
