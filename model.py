@@ -70,7 +70,6 @@ class Attention(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.n_head, self.dropout = config.n_head, config.dropout
-        self.scale = None  # SDPA's 1/sqrt(head size); a published T5 sets 1.0 (infra/published_model.py)
         self.query = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.key_value = nn.Linear(config.n_embd, 2 * config.n_embd, bias=config.bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
@@ -103,8 +102,8 @@ class Attention(nn.Module):
                 # keeps them and the new queries attend to [cached ; new]
                 k, v = cache.update(k, v)  # (B, nh, start+T, hs)
         if self.record_probabilities:
-            self.probabilities = explicit_attention_probabilities(q, k, attn_mask, is_causal, self.scale).detach()
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=self.scale,
+            self.probabilities = explicit_attention_probabilities(q, k, attn_mask, is_causal).detach()
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                            dropout_p=self.dropout if self.training else 0.0)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.proj(y))

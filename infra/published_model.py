@@ -147,9 +147,13 @@ class T5(Transformer):
         super().__init__(config)
         self.relative_bias = RelativePositionBias(config, bidirectional=True)
         self.decoder_relative_bias = RelativePositionBias(config, bidirectional=False)
+        # T5 folds 1/sqrt(head size) into its initialisation and does not divide its scores by it: its queries
+        # are multiplied by sqrt(head size) here, which SDPA's division undoes (exactly, for a head size that is
+        # a power of 4: t5-small's 64)
+        factor = math.sqrt(config.n_embd // config.n_head)
         for module in self.modules():
             if isinstance(module, Attention):
-                module.scale = 1.0  # T5 folds 1/sqrt(d) into its initialisation
+                module.query.register_forward_hook(lambda linear, inputs, output: output * factor)
         swap_norms(self, config.norm_eps, rms=True)
         swap_activations(self, config.activation)
 
