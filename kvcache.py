@@ -18,9 +18,6 @@ The samplers that use it (temperature, top-k, the sliding window, the uncached r
 
     python kvcache.py     # claim D4 in numbers: cached = recomputed for gpt, not for bert
 """
-import functools
-import warnings
-import weakref
 
 import torch
 
@@ -167,58 +164,9 @@ def bidirectional_cache_error(model, ids):
 # ----------------------------------------------------------------------------- one cached step
 
 def decode_step(model, token, cache):
-    """The hot loop of generation: one new position per row, (B, 1) tokens -> (B, V) logits, against the cache."""
+    """The hot loop of generation: one new position per row, (B, 1) tokens -> (B, V) logits, against the cache.
+    (Compiled, for speed: infra/decode_layout.compiled_decode_step, generate(compiled=True).)"""
     return forward_with_cache(model, token, cache)[:, -1]
-
-
-# The same step compiled (generate(compiled=True), sample.py --compile=True). Where a small model's batch-1 step is
-# mostly Python and per-op overhead (dozens of small kernels per layer), compiling fuses the element-wise ops and
-# drops the Python around them, leaving the matmuls, i.e. reading the weights. On a CPU, for a model at least
-# FROZEN_MIN_WIDTH wide, the matmuls are Inductor's own C++ GEMM kernels: freezing makes the weights constants of the
-# graph, which the kernels pack once into their blocked layout, and max_autotune is given that template alone (its
-# timing runs with each weight in the caches, where the BLAS call can look faster to it than it is for a step that
-# streams the weights from memory). On an AMD EPYC a batch-1 step then takes a third of the eager step's time, after a
-# first call that compiles for 40-45 s (docs/speed.md). Frozen weights cannot follow training: a model whose
-# parameters were changed in place or replaced since its step was built is refused (a change through .data is not
-# seen). No recompilation per token: dynamic=True compiles the cache length (and a batch size above 1) as symbolic
-# sizes, so one graph serves every position; batch 1 and the context's last position get graphs of their own. The
-# prefill stays eager: it runs once per generation. Compiled graphs are kept per code object, up to
-# torch._dynamo.config.recompile_limit (8) sets of guards, and a frozen graph guards on its model's weights: a
-# process that decodes with several models in turn needs torch._dynamo.reset() between them (bench.py), or past
-# the limit the step quietly runs eager.
-FROZEN_MIN_WIDTH = 256  # narrower models stay in the CPU's caches: C++ GEMM kernels would not pay their compile
-FROZEN_WEIGHTS = weakref.WeakKeyDictionary()  # model -> [(parameter, its version counter)] when its step was built
-
-
-def compiled_decode_step(model):
-    """decode_step through torch.compile for this model's device and width, built on first use: importing the
-    compiler costs ~1 s, which a script that never compiles should not pay."""
-    device = model.lm_head.weight.device.type
-    frozen = device == "cpu" and model.config.n_embd >= FROZEN_MIN_WIDTH
-    if frozen:
-        weights = [(p, p._version) for p in model.parameters()]  # an in-place change bumps the counter
-        before = FROZEN_WEIGHTS.setdefault(model, weights)
-        if len(before) != len(weights) or any(p is not q or v != w for (p, v), (q, w) in zip(before, weights)):
-            raise RuntimeError("the model's weights changed since its compiled decoding step froze them: call "
-                               "torch._dynamo.reset() and kvcache.FROZEN_WEIGHTS.clear() to compile anew")
-    return compiled_step(device, frozen)
-
-
-@functools.cache
-def compiled_step(device, frozen):
-    if not frozen:
-        return torch.compile(decode_step, dynamic=True)
-    from torch._inductor import config
-    warnings.filterwarnings("ignore", "TypedStorage is deprecated")  # the autotuner's own, once per process
-    step = torch.compile(decode_step, dynamic=True,
-                         options={"max_autotune": True, "max_autotune_gemm_backends": "CPP",  # (see above)
-                                  "autotune_fallback_to_aten": True, "autotune_num_choices_displayed": 0,
-                                  "max_autotune_report_choices_stats": False})
-
-    def frozen_step(model, token, cache):
-        with config.patch(freezing=True):  # read while tracing: the weights become constants of the graph
-            return step(model, token, cache)
-    return frozen_step
 
 
 def demo():

@@ -106,17 +106,6 @@ def attention_mask(kind, query_length, key_length=None, prefix_length=None, leng
     return mask, False
 
 
-def with_bias(mask, bias):
-    """Fold an additive score bias (1, nh, Tq, Tk) into a mask (attn_mask, is_causal): one float mask, -inf where
-    the mask hides a key (a published T5's relative position bias, infra/published_model.py)."""
-    attn_mask, is_causal = mask
-    if is_causal:
-        attn_mask = causal_mask(bias.size(-2), bias.size(-1), bias.device)
-    if attn_mask is None:
-        return bias, False
-    return bias.masked_fill(~attn_mask, float("-inf")), False
-
-
 def show(mask, name):
     """ASCII grid: rows are queries, columns keys, '#' = may attend."""
     rows = ["".join("#" if allowed else "." for allowed in row) for row in mask.tolist()]

@@ -70,7 +70,6 @@ class Attention(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.n_head, self.dropout = config.n_head, config.dropout
-        self.scale = None  # SDPA's 1/sqrt(head size); a published T5 sets 1.0 (infra/published_model.py)
         self.query = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.key_value = nn.Linear(config.n_embd, 2 * config.n_embd, bias=config.bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
@@ -103,8 +102,8 @@ class Attention(nn.Module):
                 # keeps them and the new queries attend to [cached ; new]
                 k, v = cache.update(k, v)  # (B, nh, start+T, hs)
         if self.record_probabilities:
-            self.probabilities = explicit_attention_probabilities(q, k, attn_mask, is_causal, self.scale).detach()
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=self.scale,
+            self.probabilities = explicit_attention_probabilities(q, k, attn_mask, is_causal).detach()
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                            dropout_p=self.dropout if self.training else 0.0)  # (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.proj(y))
@@ -272,28 +271,15 @@ class Transformer(nn.Module):
             x = x + self.position_embedding(torch.arange(start, start + T, device=ids.device))
         return self.dropout(x)
 
-    def position_bias(self, stack, query_length, key_length, start):
-        """A bias added to every attention score of a stack ("encoder", also the single stack, or "decoder"),
-        (1, nh, Tq, Tk), or None. Ours is None: positions enter through the embeddings (learned) or by rotating
-        q and k (rope). A published T5 returns its relative position bias here (infra/published_model.py)."""
-        return None
-
-    def stack_mask(self, stack, kind, query_length, key_length, start, **options):
-        """(attn_mask, is_causal) for every layer of a stack: the mask of an attention kind (masks.attention_mask,
-        with its options: prefix_length, lengths) and any position bias."""
-        mask = masks.attention_mask(kind, query_length, key_length, device=self.token_embedding.weight.device,
-                                    **options)
-        bias = self.position_bias(stack, query_length, key_length, start)
-        return mask if bias is None else masks.with_bias(mask, bias)
-
     def run_stack(self, ids, prefix_length=None, lengths=None, cache=None):
         """gpt / bert / prefixlm: one stack, the mask picked by the arch. Returns the final hidden states.
         lengths (B,): the real length of each row of right-padded ids (padded keys hidden)."""
         start = cache.length if cache is not None else 0
         x = self.embed(ids, start)  # (B, T, C)
         T = ids.size(1)
-        mask = self.stack_mask("encoder", ATTENTION_OF_ARCH[self.config.arch], T, start + T, start,
-                               prefix_length=prefix_length, lengths=lengths)
+        # the one line where gpt, bert and prefixlm differ (claim A1): the attention kind of the arch
+        mask = masks.attention_mask(ATTENTION_OF_ARCH[self.config.arch], T, start + T, prefix_length=prefix_length,
+                                    lengths=lengths, device=ids.device)
         for i, block in enumerate(self.blocks):
             x = block(x, mask, self.rotary, start, cache.layer(i) if cache is not None else None)
         if cache is not None:
@@ -303,7 +289,7 @@ class Transformer(nn.Module):
     def encode(self, ids, lengths=None):
         """t5's encoder: the same blocks, bidirectional (padding hidden when examples have different lengths)."""
         x = self.embed(ids)
-        mask = self.stack_mask("encoder", "bidirectional", ids.size(1), ids.size(1), 0, lengths=lengths)
+        mask = masks.attention_mask("bidirectional", ids.size(1), ids.size(1), lengths=lengths, device=ids.device)
         for block in self.blocks:
             x = block(x, mask, self.rotary)
         return self.final_norm(x)  # (B, T_enc, C), "memory"
@@ -314,7 +300,7 @@ class Transformer(nn.Module):
         start = cache.length if cache is not None else 0
         x = self.embed(ids, start)
         T = ids.size(1)
-        mask = self.stack_mask("decoder", "causal", T, start + T, start)
+        mask = masks.attention_mask("causal", T, start + T, device=ids.device)
         if cache is not None:
             memory_kv, memory_mask = cache.memory_kv, cache.memory_mask
         else:

@@ -15,11 +15,12 @@ p(x) to sample left to right. bert fills [MASK] placeholders by iterative unmask
 `iterative_unmask`), which is also the sampler of a masked-diffusion model (--objective=diffusion). Read top to bottom: one token from logits, the left-to-right samplers, the unmasking
 samplers, then the command. Every run prints the text, the number of forward passes and the decode speed.
 """
-import contextlib
 import math
 import os
 import sys
 import time
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while it loads ends quietly)
 
@@ -27,7 +28,7 @@ import torch
 
 from infra.checkpoint import load_model
 from infra.configurator import UserError, apply_overrides, check_compiler, pick_device, read_text_file, run_main
-from infra.decode_layout import prepacked
+from infra.decode_layout import decoding_step
 from infra.pretrained import tokenizer_for
 from infra.progress import StopSignalsWithProgress
 import kvcache
@@ -55,30 +56,57 @@ DEFAULTS = dict(
 )
 
 
+# ----------------------------------------------------------------------------- one token from logits
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a sampler chooses: the token at a position (temperature, 0 = greedy; top_k, None = all; the ids never
+    chosen; the random generator) and, when unmasking (bert), which positions go first and in blocks of what
+    length."""
+    temperature: float = 1.0
+    top_k: int | None = None
+    banned: torch.Tensor | None = None   # ids never sampled: [PAD], [MASK], ... (objectives.Specials.banned)
+    generator: torch.Generator | None = None
+    order: str = "confident"             # unmasking: which positions first, one of UNMASK_ORDERS (unmask)
+    block_length: int = 0                # unmasking: > 0 = semi-autoregressive blocks, left to right
+
+    def allowed(self, logits):
+        """The logits with the banned ids at -inf."""
+        return logits if self.banned is None else logits.index_fill(-1, self.banned, float("-inf"))
+
+    def pick(self, logits):
+        """(B, V) logits -> (B, 1) token ids."""
+        logits = self.allowed(logits.float())
+        if self.temperature == 0:
+            return logits.argmax(dim=-1, keepdim=True)
+        logits = logits / self.temperature
+        if self.top_k:
+            kth = torch.topk(logits, min(self.top_k, logits.size(-1))).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=self.generator)
+
+
+GREEDY = Sampling(temperature=0)
+
+
+class T5Prompt(NamedTuple):
+    """t5's prompt: what the encoder reads, (N, S) one row per sample (lengths (N,) when rows are padded), and
+    the token the decoder starts from."""
+    encoder_inputs: torch.Tensor
+    lengths: torch.Tensor | None
+    start_token: int
+
+
 # ----------------------------------------------------------------------------- left to right
 
-def sample_next(logits, temperature=1.0, top_k=None, generator=None, banned=None):
-    """(B, V) logits -> (B, 1) token ids. temperature 0 = greedy."""
-    logits = logits.float()
-    if banned is not None:
-        logits = logits.index_fill(-1, banned, float("-inf"))
-    if temperature == 0:
-        return logits.argmax(dim=-1, keepdim=True)
-    logits = logits / temperature
-    if top_k:
-        kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
-
-
-def start_sequence(model, prompt, num_samples, start_token):
-    """What generation continues: the prompt (gpt, prefixlm), or t5's decoder start token; one row per sample."""
+def start_sequence(model, prompt):
+    """What generation continues, one row per sample: the prompt (gpt, prefixlm), or t5's decoder start token."""
     if model.config.arch == "t5":
-        device = next(model.parameters()).device
-        return torch.full((num_samples, 1), start_token, dtype=torch.long, device=device)
+        rows, device = prompt.encoder_inputs.size(0), prompt.encoder_inputs.device
+        return torch.full((rows, 1), prompt.start_token, dtype=torch.long, device=device)
     if prompt.size(1) > model.config.block_size:
         raise ValueError(f"the prompt has {prompt.size(1)} tokens, more than block_size={model.config.block_size}")
-    return prompt.expand(num_samples, -1)
+    return prompt
 
 
 def slide_window(length, window_start, block_size):
@@ -89,19 +117,14 @@ def slide_window(length, window_start, block_size):
     return length - max(1, block_size // 2) if length - window_start > block_size else window_start
 
 
-def encoder_rows(encoder_inputs, lengths, rows):
-    """t5: the one encoder input (1, S) and its length, repeated for `rows` rows."""
-    return encoder_inputs.expand(rows, -1), lengths.expand(rows) if lengths is not None else None
-
-
 @torch.inference_mode()
-def generate_uncached(model, prompt, max_new_tokens, num_samples=1, temperature=1.0, top_k=None, generator=None,
-                      banned=None, encoder_inputs=None, lengths=None, start_token=None, stop=None):
+def generate_uncached(model, prompt, max_new_tokens, sampling=Sampling(), stop=None):
     """The plain reference, nanoGPT's generate: for every new token, the whole context (and t5's encoder) runs
-    again. Returns the sequences, (num_samples, P + max_new_tokens); t5: decoder tokens (num_samples, 1 + new)."""
+    again. prompt: gpt / prefixlm, the tokens so far (N, P), one row per sample; t5, a T5Prompt. Returns the
+    sequences (N, P + max_new_tokens); t5: its decoder's tokens (N, 1 + max_new_tokens)."""
     model.eval()
     block_size = model.config.block_size
-    sequence = start_sequence(model, prompt, num_samples, start_token)
+    sequence = start_sequence(model, prompt)
     prefix_length, window_start = sequence.size(1), 0  # prefixlm's prefix: the prompt, after a slide the kept tokens
     for _ in range(max_new_tokens):
         if stop:  # a signal (progress.StopSignals): return what is done
@@ -111,59 +134,63 @@ def generate_uncached(model, prompt, max_new_tokens, num_samples=1, temperature=
             window_start, prefix_length = new_start, sequence.size(1) - new_start
         context = sequence[:, window_start:]
         if model.config.arch == "t5":
-            inputs, row_lengths = encoder_rows(encoder_inputs, lengths, num_samples)
-            hidden = model.decode(context, model.encode(inputs, row_lengths), row_lengths)
+            hidden = model.decode(context, model.encode(prompt.encoder_inputs, prompt.lengths), prompt.lengths)
         else:
             prefix = None
             if ATTENTION_OF_ARCH[model.config.arch] == "prefix":
-                prefix = torch.full((num_samples,), prefix_length, device=sequence.device)
+                prefix = torch.full((sequence.size(0),), prefix_length, device=sequence.device)
             hidden = model.run_stack(context, prefix_length=prefix)
-        logits = model.logits(hidden[:, -1])  # the output head on the last position only
-        token = sample_next(logits, temperature, top_k, generator, banned)
+        token = sampling.pick(model.logits(hidden[:, -1]))  # the output head on the last position only
         sequence = torch.cat([sequence, token], dim=1)
     return sequence
 
 
-def prefill_window(model, context, encoder_inputs=None, lengths=None):
-    """A new cache holding `context` (B, T) (t5: and the encoder's output); returns (cache, last logits)."""
+def prefill_window(model, context, prompt):
+    """A new cache holding `context` (B, T) (t5: and the encoder's output of the prompt's first B rows); returns
+    (cache, last logits)."""
     cache = kvcache.KVCache(model, context.size(0), model.config.block_size)
     if model.config.arch == "t5":
-        inputs, row_lengths = encoder_rows(encoder_inputs, lengths, context.size(0))
-        return cache, kvcache.prefill(model, context, cache, inputs, row_lengths)
+        lengths = prompt.lengths[:context.size(0)] if prompt.lengths is not None else None
+        return cache, kvcache.prefill(model, context, cache, prompt.encoder_inputs[:context.size(0)], lengths)
     return cache, kvcache.prefill(model, context, cache)
 
 
+def one_prompt(model, prompt, sequence):
+    """Whether every row starts from the same prompt (then one prefill serves them all: prefix caching)."""
+    rows = prompt.encoder_inputs if model.config.arch == "t5" else sequence
+    return bool((rows == rows[:1]).all())
+
+
 @torch.inference_mode()  # like no_grad, minus autograd's version counters: less overhead per token
-def generate(model, prompt, max_new_tokens, num_samples=1, temperature=1.0, top_k=None, generator=None,
-             banned=None, encoder_inputs=None, lengths=None, start_token=None, use_cache=True, stop=None,
-             compiled=False):
-    """Sample continuations with the KV cache: prefill the prompt once, fork the cache to every sample (prefix
-    caching), then one position per step. gpt / prefixlm: `prompt` (1, P) is the text so far. t5:
-    `encoder_inputs` (1, S) go through the encoder once and the decoder starts from `start_token`. Identical
-    tokens to generate_uncached (tests/test_kvcache.py); use_cache=False runs that reference instead.
-    compiled=True runs each decoding step through torch.compile (same tokens as eager, tests/test_kvcache.py)."""
-    if not use_cache:
-        return generate_uncached(model, prompt, max_new_tokens, num_samples, temperature, top_k, generator, banned,
-                                 encoder_inputs, lengths, start_token, stop)
+def generate(model, prompt, max_new_tokens, sampling=Sampling(), stop=None, compiled=False):
+    """Sample continuations with the KV cache: prefill the prompt once (when every row holds the same prompt, once
+    for all of them: the cache is forked, prefix caching), then one position per step. prompt: gpt / prefixlm, the
+    tokens so far (N, P), one row per sample; t5, a T5Prompt, whose encoder input is encoded once. Identical tokens
+    to generate_uncached (tests/test_kvcache.py). compiled=True runs each decoding step through torch.compile
+    (same tokens as eager, tests/test_kvcache.py)."""
     model.eval()
-    one_position = kvcache.compiled_decode_step(model) if compiled else kvcache.decode_step
-    # the weights in the layout this CPU reads fastest (infra/decode_layout.py); a compiled step has its own
-    layout = contextlib.nullcontext() if compiled else prepacked(model)
+    # kvcache.decode_step, run where it is fastest: its weights prepacked for this CPU, or the step compiled
+    # (infra/decode_layout.py: speed only, the same tokens)
+    one_position, layout = decoding_step(model, compiled)
     with layout:
         block_size = model.config.block_size
-        sequence = start_sequence(model, prompt, num_samples, start_token)
-        cache, logits = prefill_window(model, sequence[:1], encoder_inputs, lengths)
-        cache, logits = cache.fork(num_samples), logits.expand(num_samples, -1)  # one prefill serves every sample
+        sequence = start_sequence(model, prompt)
+        rows = sequence.size(0)
+        if one_prompt(model, prompt, sequence):
+            cache, logits = prefill_window(model, sequence[:1], prompt)
+            cache, logits = cache.fork(rows), logits.expand(rows, -1)  # one prefill serves every sample
+        else:
+            cache, logits = prefill_window(model, sequence, prompt)
         window_start = 0
         for step in range(max_new_tokens):
-            token = sample_next(logits, temperature, top_k, generator, banned)  # (S, 1), stays on the device
+            token = sampling.pick(logits)  # (N, 1), stays on the device
             sequence = torch.cat([sequence, token], dim=1)
             if step == max_new_tokens - 1 or stop:  # stop: a signal (progress.StopSignals), return what is done
                 break
             new_start = slide_window(sequence.size(1), window_start, block_size)
             if new_start != window_start:  # the context is full: prefill the kept tokens again, as the reference
                 window_start = new_start
-                cache, logits = prefill_window(model, sequence[:, window_start:], encoder_inputs, lengths)
+                cache, logits = prefill_window(model, sequence[:, window_start:], prompt)
             else:
                 logits = one_position(model, token, cache)  # against the cache
     return sequence
@@ -175,66 +202,67 @@ UNMASK_ORDERS = ("confident", "margin", "random")
 
 
 @torch.inference_mode()
-def unmask(model, x, steps, mask_id, temperature=1.0, top_k=None, order="confident", generator=None, banned=None,
-           stop=None, region=None):
-    """Fill every [MASK] of x (B, L) (inside region = (begin, end) when given) over `steps` bidirectional forward
-    passes: each pass predicts every masked position and reveals an even share of what is left, the rest staying
-    masked for the next pass; revealed tokens stay fixed. Which positions go first (`order`): "confident", the
-    highest probability of the chosen token; "margin", the largest gap between the two most probable tokens (Kim et
-    al. 2025); "random". Returns the number of forward passes; x is filled in place."""
+def unmask(model, x, to_fill, steps, sampling=Sampling(), stop=None):
+    """Fill the positions of x (B, L) where to_fill (B, L) is True (x holds [MASK] there) over `steps` bidirectional
+    forward passes: each pass predicts every open position and reveals an even share of what is left, the rest
+    staying open for the next pass; revealed tokens stay fixed. Which positions go first (sampling.order):
+    "confident", the highest probability of the chosen token; "margin", the largest gap between the two most
+    probable tokens (Kim et al. 2025); "random". Returns the number of forward passes; x is filled in place."""
     if steps < 1:
         raise ValueError("steps must be at least 1")
-    if order not in UNMASK_ORDERS:
-        raise ValueError(f"unknown unmasking order {order!r}: choose one of {', '.join(UNMASK_ORDERS)}")
+    if sampling.order not in UNMASK_ORDERS:
+        raise ValueError(f"unknown unmasking order {sampling.order!r}: choose one of {', '.join(UNMASK_ORDERS)}")
     model.eval()
-    begin, end = region or (0, x.size(1))
+    columns = to_fill.any(dim=0).nonzero()[:, 0]
+    if len(columns) == 0:
+        return 0
+    begin, end = int(columns[0]), int(columns[-1]) + 1  # the model reads all of x, predicts these columns only
+    open_ = to_fill[:, begin:end].clone()  # (B, n)
     passes = 0
     for step in range(steps):
-        masked = x[:, begin:end] == mask_id  # (B, n)
-        remaining = int(masked.sum(dim=1).max())
+        remaining = int(open_.sum(dim=1).max())
         if remaining == 0 or stop:
             break
         logits = model(x)[0][:, begin:end].float()  # (B, n, V)
         passes += 1
         B, n, V = logits.shape
-        candidates = sample_next(logits.reshape(B * n, V), temperature, top_k, generator, banned).view(B, n)
-        if order == "random":
-            score = torch.rand(B, n, generator=generator, device=logits.device)
-        elif order == "confident":
+        candidates = sampling.pick(logits.reshape(B * n, V)).view(B, n)
+        if sampling.order == "random":
+            score = torch.rand(B, n, generator=sampling.generator, device=logits.device)
+        elif sampling.order == "confident":
             score = torch.softmax(logits, dim=-1).gather(-1, candidates[..., None])[..., 0]
         else:  # margin: between the two most probable tokens that may be chosen at all
-            allowed = logits.index_fill(-1, banned, float("-inf")) if banned is not None else logits
-            top2 = torch.softmax(allowed, dim=-1).topk(2, dim=-1).values
+            top2 = torch.softmax(sampling.allowed(logits), dim=-1).topk(2, dim=-1).values
             score = top2[..., 0] - top2[..., 1]
-        score = score.masked_fill(~masked, float("-inf"))  # only masked positions compete, whatever the scale
+        score = score.masked_fill(~open_, float("-inf"))  # only open positions compete, whatever the scale
         reveal = math.ceil(remaining / (steps - step))  # an even share of what is left; everything on the last step
-        chosen = torch.zeros_like(masked)
+        chosen = torch.zeros_like(open_)
         chosen.scatter_(1, score.topk(min(reveal, n), dim=1).indices, True)
-        chosen &= masked
+        chosen &= open_
         x[:, begin:end] = torch.where(chosen, candidates, x[:, begin:end])
+        open_ &= ~chosen
     return passes
 
 
-@torch.inference_mode()
-def iterative_unmask(model, prompt, num_new, steps, mask_id, num_samples=1, temperature=1.0, top_k=None,
-                     order="confident", block_length=0, generator=None, banned=None, stop=None):
-    """bert's generation (mask-predict; the standard sampler of masked diffusion): append num_new [MASK]s after the
-    prompt and fill them with `unmask` over `steps` passes. With block_length > 0 the masks are filled block by
-    block, left to right (semi-autoregressive), the steps split between blocks as evenly as they go (the first
-    blocks take the remainder; a block takes one pass at least: at most max(steps, blocks) passes, fewer where a
-    block has fewer masks than passes).
-    Returns (tokens, passes)."""
+def iterative_unmask(model, x, to_fill, steps, sampling=Sampling(), stop=None):
+    """bert's generation (mask-predict; the standard sampler of masked diffusion): fill the [MASK]s of x where
+    to_fill is True with `unmask` over `steps` passes. With sampling.block_length > 0 the columns to fill are taken
+    block by block, left to right (semi-autoregressive), the steps split between blocks as evenly as they go (the
+    first blocks take the remainder; a block takes one pass at least: at most max(steps, blocks) passes, fewer
+    where a block has fewer masks than passes). Returns the number of forward passes; x is filled in place."""
     if steps < 1:
         raise ValueError("steps must be at least 1")
-    P = prompt.size(1)
-    x = torch.cat([prompt, torch.full((1, num_new), mask_id, device=prompt.device)], dim=1).repeat(num_samples, 1)
-    block_length = block_length or num_new
-    blocks = [(s, min(s + block_length, P + num_new)) for s in range(P, P + num_new, block_length)]
-    passes, (share, remainder) = 0, divmod(steps, len(blocks))
-    for number, region in enumerate(blocks):
-        passes += unmask(model, x, max(1, share + (number < remainder)), mask_id, temperature, top_k, order,
-                         generator, banned, stop, region)
-    return x, passes
+    columns = to_fill.any(dim=0).nonzero()[:, 0]
+    if len(columns) == 0:
+        return 0
+    begin, end = int(columns[0]), int(columns[-1]) + 1
+    length = sampling.block_length or end - begin
+    passes, (share, remainder) = 0, divmod(steps, len(range(begin, end, length)))
+    for number, block in enumerate(range(begin, end, length)):
+        in_block = torch.zeros_like(to_fill)
+        in_block[:, block:block + length] = to_fill[:, block:block + length]
+        passes += unmask(model, x, in_block, max(1, share + (number < remainder)), sampling, stop)
+    return passes
 
 
 # ----------------------------------------------------------------------------- the command
@@ -251,10 +279,7 @@ COMPILED_NOTE = (", compiled decoding step (the time includes compiling it once 
 def generate_left_to_right(model, ids, objective, specials, config, generator, stop):
     """gpt / prefixlm / t5: one new token per forward pass, with the KV cache (or recomputing, --no_cache).
     Returns (texts' token lists, what ran)."""
-    device = next(model.parameters()).device
-    settings = dict(max_new_tokens=config["max_new_tokens"], num_samples=config["num_samples"],
-                    temperature=config["temperature"], top_k=config["top_k"] or None, generator=generator,
-                    use_cache=not config["no_cache"], stop=stop, compiled=config["compile"])
+    device, rows = next(model.parameters()).device, config["num_samples"]
     # what the model reads first is laid out as in training: after span corruption (t5, or prefixlm's flattened
     # copy of it, claim A2) the text ends in a masked span, <S0> [EOS], which the model fills (its sentinels
     # allowed); UL2's sequential denoiser reads [S2S] first; otherwise the text itself
@@ -264,26 +289,32 @@ def generate_left_to_right(model, ids, objective, specials, config, generator, s
         banned = torch.tensor([specials.pad, specials.mask, *specials.modes.values()], device=device)
     elif objective == "ul2":
         source = [specials.modes["S"]] + ids
-    if model.config.arch == "t5":
-        tokens = generate(model, None, encoder_inputs=torch.tensor([source], device=device),
-                          start_token=specials.pad, banned=banned, **settings)
-        how = "encoder + decoder recomputed per token" if config["no_cache"] else "encoder once, cached decoder"
-        return [row[1:] for row in tokens.tolist()], (how + COMPILED_NOTE if config["compile"] else how)
-    tokens = generate(model, torch.tensor([source], device=device), banned=banned, **settings)
-    how = "full recomputation per token" if config["no_cache"] else "KV cache (one shared prefill, one position per step)"
-    return [row[len(source):] for row in tokens.tolist()], (how + COMPILED_NOTE if config["compile"] else how)
+    sampling = Sampling(config["temperature"], config["top_k"] or None, banned, generator)
+    prompt = torch.tensor([source], device=device).expand(rows, -1)  # one row per sample
+    if model.config.arch == "t5":  # the decoder starts from [PAD] (T5's convention)
+        prompt = T5Prompt(prompt, None, specials.pad)
+    t5 = model.config.arch == "t5"
+    if config["no_cache"]:
+        tokens = generate_uncached(model, prompt, config["max_new_tokens"], sampling, stop)
+        how = "encoder + decoder recomputed per token" if t5 else "full recomputation per token"
+    else:
+        tokens = generate(model, prompt, config["max_new_tokens"], sampling, stop, compiled=config["compile"])
+        how = "encoder once, cached decoder" if t5 else "KV cache (one shared prefill, one position per step)"
+        how += COMPILED_NOTE if config["compile"] else ""
+    return [row[1 if t5 else len(source):] for row in tokens.tolist()], how
 
 
 def generate_by_unmasking(model, ids, specials, config, generator, stop):
     """bert (mlm or diffusion): [MASK] placeholders after the prompt, filled over --steps bidirectional passes."""
     device = next(model.parameters()).device
-    tokens, passes = iterative_unmask(model, torch.tensor([ids], device=device), num_new=config["max_new_tokens"],
-                                      steps=config["steps"], mask_id=specials.mask,
-                                      num_samples=config["num_samples"], temperature=config["temperature"],
-                                      top_k=config["top_k"] or None, order=config["order"],
-                                      block_length=config["block_length"], generator=generator,
-                                      banned=specials.banned(model.config.vocab_size, device),
-                                      stop=stop)
+    masks = [specials.mask] * config["max_new_tokens"]  # the placeholders after the prompt
+    tokens = torch.tensor([ids + masks], device=device).repeat(config["num_samples"], 1)
+    sampling = Sampling(config["temperature"], config["top_k"] or None,
+                        specials.banned(model.config.vocab_size, device), generator, config["order"],
+                        config["block_length"])
+    to_fill = torch.zeros_like(tokens, dtype=torch.bool)
+    to_fill[:, len(ids):] = True  # (not a [MASK] the prompt itself holds)
+    passes = iterative_unmask(model, tokens, to_fill, config["steps"], sampling, stop)
     how = f"iterative unmasking ({config['order']}, {passes} full forward passes for {config['max_new_tokens']} tokens)"
     return [row[len(ids):] for row in tokens.tolist()], how, passes
 

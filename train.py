@@ -259,17 +259,18 @@ def loop(config, setup, run):
             group["lr"] = lr
         # ---- evaluate and save: the master evaluates, every process follows its decision
         if iter_num % config["eval_interval"] == 0 or run.finished(iter_num):
+            run.check_losses()  # a training loss gone non-finite since the last check stops every process here
             losses = None
-            if run.evaluates():  # None when a stop comes during it: an evaluation is only worth something whole
+            if run.evaluates():  # the master, unless the run is stopping
+                # None when a stop comes during it: an evaluation is only worth something whole
                 losses = estimate_loss(setup.raw_model, config, setup.splits, setup.specials, setup.device, autocast,
                                        run.signals, log, run.project if iter_num == setup.iter_num else None)
                 if losses is not None and all(math.isfinite(v) for v in losses.values()):
                     log(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
                         + loss_in_bits(config["objective"], losses["val"]), flush=True)
-            save, best = run.decide(iter_num, losses)  # a non-finite loss stops every process here
-            if save:  # ckpt.pt, and best.pt when the validation loss improved
-                run.write_checkpoints(checkpoint_state(config, setup, run, iter_num), best)
-            run.evaluation_done(iter_num, save)
+            # log.jsonl; ckpt.pt, and best.pt when the validation loss improved; a non-finite loss stops every
+            # process here, without saving
+            run.record_and_save(iter_num, losses, lambda: checkpoint_state(config, setup, run, iter_num))
         if run.finished(iter_num) or config["eval_only"]:
             return iter_num
         # ---- one optimisation step: micro-steps (gradient accumulation), clip, step

@@ -262,7 +262,7 @@ def check_7():
             return logits, None
 
     model, x = StandIn(), torch.full((1, 3), 11)
-    sample.unmask(model, x, 3, 11, temperature=0, order="entropy")
+    sample.unmask(model, x, x == 11, 3, sample.Sampling(0, order="entropy"))
     expect(bool((x != 11).all()), "unmask(order=\"entropy\") left masks")
     first = (model.seen[1] != 11).nonzero()[:, 1].tolist() if len(model.seen) > 1 else []
     expect(first == [0], f"the lowest-entropy position (0) should be revealed first, not {first} (\"confident\" "
@@ -356,8 +356,8 @@ def check_11():
     draft = noisy(copy.deepcopy(target), 0.02, 2)  # agrees with the target often, not always: rejections happen
     prompt = torch.randint(0, 20, (1, 5), generator=torch.Generator().manual_seed(11))
     import sample
-    greedy = sample.generate(target, prompt, 24, temperature=0)
-    assert not torch.equal(sample.generate(draft, prompt, 24, temperature=0), greedy)  # the check's own premise
+    greedy = sample.generate(target, prompt, 24, sample.GREEDY)
+    assert not torch.equal(sample.generate(draft, prompt, 24, sample.GREEDY), greedy)  # the check's own premise
     for helper in (draft, target):
         tokens, passes = kvcache.speculative_generate(target, helper, prompt, 24, k=4)
         expect(torch.equal(tokens, greedy), "speculative decoding changed the target's greedy tokens")

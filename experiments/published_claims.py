@@ -158,8 +158,9 @@ def cloze(gpt, gpt_tok, bert, bert_tok, text, blanks, rng):
 
 def decoding_speed(gpt, gpt_tok, text, new_tokens, device):
     prompt = torch.tensor([gpt_tok.encode(text)[:64]], device=device)
-    seconds = {mode: median_time(lambda: sample.generate(gpt, prompt, new_tokens, top_k=1, use_cache=mode == "cached"),
-                                 device, repeats=3, warmup=1) for mode in ("cached", "recomputed")}
+    samplers = {"cached": sample.generate, "recomputed": sample.generate_uncached}
+    seconds = {mode: median_time(lambda: samplers[mode](gpt, prompt, new_tokens, sample.Sampling(top_k=1)),
+                                 device, repeats=3, warmup=1) for mode in samplers}
     weight_bytes = sum(p.numel() * p.element_size() for p in gpt.parameters())
     floor = weight_bytes / (copy_bandwidth(device) / 2)  # seconds to read every weight once
     return {mode: new_tokens / s for mode, s in seconds.items()} | {

@@ -140,7 +140,9 @@ def fill_slots(model, prompts, slots, specials, stoi, order="confident", after="
         x = torch.cat([ids, torch.full((len(prompts), len(slots)), specials.mask, device=device), tail], dim=1) \
             if suffix else torch.cat([ids, tail], dim=1)
         x[:, slots] = specials.mask
-        sample.unmask(model, x, len(slots), specials.mask, temperature=0, order=order, banned=banned)
+        to_fill = torch.zeros_like(x, dtype=torch.bool)
+        to_fill[:, slots] = True
+        sample.unmask(model, x, to_fill, len(slots), sample.Sampling(0, banned=banned, order=order))
         out = x[:, slots]
     else:  # t5: the slots become one span, <S0>, in the encoder's input; the decoder writes the span
         start, end = slots[0], slots[-1] + 1

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn as nn
 
+import masks
 from model import Attention, Block, ModelConfig, Transformer
 
 FAMILIES = ("gpt2", "bert", "t5")
@@ -142,20 +143,46 @@ class RelativePositionBias(nn.Module):
         return self.bias(self.bucket(keys - queries)).permute(2, 0, 1).unsqueeze(0)  # (1, nh, Tq, Tk)
 
 
+def with_bias(mask, bias):
+    """Fold an additive score bias (1, nh, Tq, Tk) into a mask (attn_mask, is_causal): one float mask, -inf where
+    the mask hides a key."""
+    attn_mask, is_causal = mask
+    if is_causal:
+        attn_mask = masks.causal_mask(bias.size(-2), bias.size(-1), bias.device)
+    if attn_mask is None:
+        return bias, False
+    return bias.masked_fill(~attn_mask, float("-inf")), False
+
+
+def with_relative_bias(table):
+    """A forward pre-hook for one self-attention layer: T5's relative position bias (`table`, its stack's) folded
+    into the layer's mask. Block.forward calls the attention with (x, mask, rotary, start, cache); the keys are the
+    cached ones and the new: start + T. (T5 computes the bias once per stack; each layer computes the same.)"""
+    def hook(attention, args):
+        x, mask, rotary, start, cache = args
+        T = x.size(1)
+        return x, with_bias(mask, table(T, start + T, start, x.device)), rotary, start, cache
+    return hook
+
+
 class T5(Transformer):
     def __init__(self, config):
         super().__init__(config)
         self.relative_bias = RelativePositionBias(config, bidirectional=True)
         self.decoder_relative_bias = RelativePositionBias(config, bidirectional=False)
+        # T5 folds 1/sqrt(head size) into its initialisation and does not divide its scores by it: its queries
+        # are multiplied by sqrt(head size) here, which SDPA's division undoes (exactly, for a head size that is
+        # a power of 4: t5-small's 64)
+        factor = math.sqrt(config.n_embd // config.n_head)
         for module in self.modules():
             if isinstance(module, Attention):
-                module.scale = 1.0  # T5 folds 1/sqrt(d) into its initialisation
+                module.query.register_forward_hook(lambda linear, inputs, output: output * factor)
+        # its positions: the relative bias of each stack, added to the scores of every self-attention layer
+        for blocks, table in ((self.blocks, self.relative_bias), (self.decoder_blocks, self.decoder_relative_bias)):
+            for block in blocks:
+                block.attention.register_forward_pre_hook(with_relative_bias(table))
         swap_norms(self, config.norm_eps, rms=True)
         swap_activations(self, config.activation)
-
-    def position_bias(self, stack, query_length, key_length, start):
-        table = self.decoder_relative_bias if stack == "decoder" else self.relative_bias
-        return table(query_length, key_length, start, self.token_embedding.weight.device)
 
     def logits(self, hidden):
         return self.lm_head(hidden * self.config.n_embd ** -0.5)

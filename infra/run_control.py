@@ -180,16 +180,25 @@ class RunControl:
 
     # ---- evaluate and save: the master evaluates and decides, every process follows
     def evaluates(self):
-        """Does this process evaluate now? The master, unless the run is already stopping. Every process calls it:
-        a loss that diverged since the last check stops them all here, before an evaluation is spent on it."""
-        self.check_losses()
+        """Does this process evaluate now? The master, unless the run is already stopping. (Called after
+        check_losses: a loss that diverged since the last check has stopped them all before an evaluation is spent
+        on it.)"""
         self.evaluation_started = time.perf_counter()
         return self.master and not self.stopped
+
+    def record_and_save(self, iter_num, losses, state):
+        """After an evaluation, on every process: decide (the master) and agree whether to save and whether to stop,
+        write the checkpoints (state() builds them: every process gathers its RNG state into it), and restart the
+        clock. A non-finite loss raises TrainingDiverged here, on every process, before anything is saved."""
+        save, best = self.decide(iter_num, losses)
+        if save:
+            self.write_checkpoints(state(), best)
+        self.evaluation_done(iter_num, save)
 
     def decide(self, iter_num, losses):
         """After the master's evaluation (losses: {"train", "val"}; None when a signal cut it short, or on the
         other processes): every process learns whether to save and whether to stop; a non-finite loss stops
-        them all without saving (the training losses were checked in `evaluates`, just before). Returns (save,
+        them all without saving (the training losses were checked by check_losses, just before). Returns (save,
         best): write ckpt.pt, and best.pt too."""
         stopping, diverged, best = self.stopped, None, False
         save = stopping and not self.config["eval_only"]

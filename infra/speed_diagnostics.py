@@ -34,8 +34,9 @@ from infra import decode_layout
 from infra.progress import Progress
 from infra.configurator import QUICK_OUTPUT, UserError
 from infra.progress import check_writable
-from infra.timing import matmul_flops_per_second, median_time, mfu_text, time_once
+from infra.timing import matmul_flops_per_second, median_time, mfu_text, of_floor_text, time_once
 from infra.plots import pyplot, save
+from sample import Sampling, T5Prompt
 
 
 # ----------------------------------------------------------------------------- tables
@@ -69,11 +70,12 @@ def against_hugging_face(generate, size, prompt, new, device, repeats, autocast=
         bos_token_id=None, eos_token_id=None, pad_token_id=0)).to(device).eval()
     ours, _ = build_published(theirs.config, theirs.state_dict(), "transformers' GPT2LMHeadModel", device)
     reference = "transformers generate (use_cache=True, greedy)"
-    samplers = {"ours, KV cache (sample.generate)": lambda: generate(ours, prompt, new, temperature=0),
+    greedy = Sampling(temperature=0)
+    samplers = {"ours, KV cache (sample.generate)": lambda: generate(ours, prompt, new, greedy),
                 reference: lambda: theirs.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
                                                    min_new_tokens=new, do_sample=False, use_cache=True)}
     if compiled:
-        samplers["ours, KV cache, compiled step"] = lambda: generate(ours, prompt, new, temperature=0, compiled=True)
+        samplers["ours, KV cache, compiled step"] = lambda: generate(ours, prompt, new, greedy, compiled=True)
     speeds, tokens = {}, {}
     torch._dynamo.reset()  # a new model: graphs of its own
     with torch.no_grad():
@@ -183,7 +185,7 @@ def profile_decoding(model, ids, device, autocast=nullcontext, compiled=True, st
     the weights prepacked as sample.py decodes (infra/decode_layout.py), and compiled: {case: figures}."""
     T = ids.size(1)
     modes = (("eager", kvcache.decode_step), ("eager, prepacked weights", kvcache.decode_step)) + \
-        ((("compiled", kvcache.compiled_decode_step(model)),) if compiled else ())
+        ((("compiled", decode_layout.compiled_decode_step(model)),) if compiled else ())
     cases = [(batch, mode, step) for batch in (1, 32) for mode, step in modes]
     data = {}
     progress = Progress(f"[{label}] decoding", len(cases))
@@ -263,11 +265,12 @@ MODES = (("eager, nn.Linear's layout", False), ("eager", False), ("compiled", Tr
 
 def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, size, repeats, results, models,
                               prompt, new, autocast):
-    """bench.py's 4c: eager vs torch.compile'd decoding step (kvcache.compiled_decode_step), gpt at batch 1, 8 and
+    """bench.py's 4c: eager vs torch.compile'd decoding step (decode_layout.compiled_decode_step), gpt at batch 1, 8 and
     32 from one shared prefill (sample.py --num_samples), prefixlm and t5 at batch 1, each against bench.py's
     `decoding_floor`. Compilation is paid once per process and per batch-size regime (1, then any larger): the
     first generation's extra time is reported as compile time."""
     bandwidth, matmul_rate = results["ceilings"]["copy_bandwidth"], results["ceilings"]["matmul_flops"]
+    weights_sized = results["ceilings"]["weights_sized_copy_bandwidth"]  # (bench.floor_bandwidths, 4b)
     cases = [("gpt", 1), ("gpt", 8), ("gpt", 32), ("prefixlm", 1), ("t5", 1)]
     if size["quick"]:  # the rows run, the figures mean nothing (batch > 1 compiles again: tests/test_kvcache.py)
         cases = [("gpt", 1), ("t5", 1)]
@@ -277,11 +280,11 @@ def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, s
     with torch.no_grad(), autocast():
         for done, (arch, batch) in enumerate(cases):
             model = models[arch]
-            extra = dict(encoder_inputs=t5_inputs, start_token=0) if arch == "t5" else {}
-            start = prompt[:, :1] if arch == "t5" else prompt
-            context = start.size(1) + new / 2  # average context of the generation
+            start = T5Prompt(t5_inputs.expand(batch, -1), None, 0) if arch == "t5" else prompt.expand(batch, -1)
+            context = (1 if arch == "t5" else prompt.size(1)) + new / 2  # average context of the generation
             encoder_length = t5_inputs.size(1) if arch == "t5" else 0
             floor = decoding_floor(model, bandwidth, batch, context, encoder_length)
+            cached_floor = decoding_floor(model, weights_sized, batch, context, encoder_length)
             compute_bound = matmul_rate / decoding_cost(model, context, encoder_length)[2]  # each row's matmuls, peak
             if done == 0 or cases[done - 1][0] != arch:
                 torch._dynamo.reset()  # a new model: its own graphs (compiled graphs per code object are limited)
@@ -289,7 +292,7 @@ def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, s
                 progress.update(len(MODES) * done + step)
 
                 def generation():
-                    generate(model, start, new, num_samples=batch, temperature=0, compiled=compiled, **extra)
+                    generate(model, start, new, Sampling(temperature=0), compiled=compiled)
 
                 decode_layout.USE_PREPACKED = mode != "eager, nn.Linear's layout"
                 try:
@@ -300,9 +303,11 @@ def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, s
                 tokens_per_s = batch * new / seconds
                 data[f"{arch}, batch {batch}, {mode}"] = figures = {
                     "tokens_per_s": tokens_per_s, "floor_tokens_per_s": floor, "of_floor": tokens_per_s / floor,
+                    "weights_sized_floor_tokens_per_s": cached_floor,
                     "compute_bound_tokens_per_s": compute_bound, "first_call_extra_s": max(0.0, first - seconds)}
                 rows.append([arch, batch, mode, f"{tokens_per_s:,.1f}", f"{floor:,.1f}",
-                             f"{100 * figures['of_floor']:.1f}%", f"{compute_bound:,.0f}",
+                             of_floor_text(tokens_per_s, floor, cached_floor), f"{cached_floor:,.1f}",
+                             f"{compute_bound:,.0f}",
                              f"{figures['first_call_extra_s']:.1f}"])
             plain = data[f"{arch}, batch {batch}, {MODES[0][0]}"]
             for back, (mode, _) in enumerate(MODES):
@@ -313,9 +318,10 @@ def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, s
     return table(f"4c. Compiled decoding: {new} greedy tokens per row from a {prompt.size(1)}-token prompt (t5: an "
                  f"8-token encoder input): eager with nn.Linear's weight layout, eager as sample.py decodes (the "
                  f"weights prepacked for the CPU's BLAS, infra/decode_layout.py) and the torch.compile'd step "
-                 f"(kvcache.compiled_decode_step); floor = weights once per step + each row's KV cache, at the "
-                 f"measured copy bandwidth",
-                 ["arch", "batch", "step", "tokens/s", "floor tokens/s", "of floor", "compute bound tokens/s",
+                 f"(decode_layout.compiled_decode_step); floor = weights once per step + each row's KV cache, at the "
+                 f"copy bandwidth of 4b (from memory), and at a weights-sized copy's (the CPU's caches serving them)",
+                 ["arch", "batch", "step", "tokens/s", "floor tokens/s", "of floor", "floor, weights-sized copy",
+                  "compute bound tokens/s",
                   "first-call extra s (compile)", "vs nn.Linear's layout"], rows)
 
 
@@ -360,6 +366,9 @@ def steadiness(device, size, results):
     after = matmul_flops_per_second(device, size["dtype"], size=512 if quick else None, seconds=0.2 if quick else 1.0)
     results["ceilings"]["matmul_flops_at_end"] = after
     line = f"matmul rate at the start {before / 1e12:.3f}, at the end {after / 1e12:.3f} TFLOP/s"
+    copies = results["ceilings"]["copy_bandwidth_measured"]
+    if len(copies) > 1:  # (bench.floor_bandwidths: the decoding floors read the higher)
+        line += f"; copy bandwidth at the start {copies[0] / 1e9:.1f}, before the floors {copies[-1] / 1e9:.1f} GB/s"
     if abs(after / before - 1) > 0.3:
         line = f"**Unsteady machine: {line}; the figures above are not reliable (other work was running).**"
     else:

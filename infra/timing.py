@@ -6,6 +6,7 @@ datasheet peak; we measure the machine we are on, because a CPU's datasheet says
     matmul_flops_per_second(device)    the dense matmul rate: the ceiling MFU is reported against (matmul_peak:
                                        the same, measured once per process)
     copy_bandwidth(device)             bytes per second of a device copy: the floor of batch-1 decoding
+    of_floor_text(rate, floor, other)  a decoding rate as a share of its floor, flagged when above it
     machine_name(device)               the GPU, or the CPU model and thread count: what a results file names
 
 Imported by train.py (MFU in the log line) and bench.py; it imports nothing of the project.
@@ -89,6 +90,20 @@ def mfu_text(flops_per_second, peak):
     if mfu > 1.0:
         return f"? ({100 * mfu:.0f}% of a peak measured too low: busy machine)"
     return f"{100 * mfu:.1f}%"
+
+
+def of_floor_text(tokens_per_s, memory_floor, weights_sized_floor):
+    """A decoding rate as a share of its bandwidth floor (weights and cache read from memory once per token):
+    "93.1%". Above 100% the floor did not hold, and the figure is flagged with the reason the second floor (the
+    copy bandwidth of a buffer the size of the weights) gives: under it, the CPU's caches serve part of the weights
+    (the main-memory floor is not this model's bound); above it too, a bandwidth measured too low (a busy
+    machine)."""
+    share = tokens_per_s / memory_floor
+    if share <= 1.0:
+        return f"{100 * share:.1f}%"
+    if tokens_per_s <= weights_sized_floor:
+        return f"{100 * share:.1f}% (! above: weights partly in the CPU's caches)"
+    return f"{100 * share:.1f}% (! above both floors: bandwidth measured too low, busy machine)"
 
 
 def cpu_name():

@@ -144,7 +144,7 @@ def test_sample_runs_and_reports_speed(trained_dir):
                         "--max_new_tokens=40")
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("To be") == 2 and "tokens/s" in result.stdout
-    # --compile=True (kvcache.compiled_decode_step): greedy text identical to the eager step's
+    # --compile=True (decode_layout.compiled_decode_step): greedy text identical to the eager step's
     texts = {}
     for compiled in (False, True):
         result = run_script("sample.py", f"--out_dir={trained_dir}", "--start=To be", "--num_samples=2",
@@ -165,6 +165,25 @@ def test_bench_bad_inputs():
     print(assert_clean_failure(run_script("bench.py", "--sections=fast"), "unknown section"))
     print(assert_clean_failure(run_script("bench.py", "--repeats=many"), "wrong type"))
     print(assert_clean_failure(run_script("bench.py", "--repeatz=3"), "unknown option"))
+
+
+def test_a_decoding_rate_above_its_floor_is_flagged_with_its_reason(monkeypatch):
+    """A floor that is a floor: bench.py keeps the higher of two bandwidth measurements (a busy moment cannot
+    lower it), and a rate above the floor is never printed as a plain share: under the weights-sized copy's floor
+    the caches served the weights, above it too the bandwidth was measured low."""
+    import bench
+    from infra.timing import of_floor_text
+    assert of_floor_text(93.1, 100.0, 150.0) == "93.1%"
+    assert "caches" in of_floor_text(109.4, 100.0, 150.0) and of_floor_text(109.4, 100.0, 150.0).startswith("109.4%")
+    assert "busy machine" in of_floor_text(160.0, 100.0, 150.0)
+    measured = iter([20e9, 30e9])  # again before the floors, then the weights-sized copy
+    monkeypatch.setattr(bench, "copy_bandwidth", lambda device, megabytes, repeats: next(measured))
+    results = {"ceilings": {"copy_bandwidth": 16.8e9, "copy_bandwidth_measured": [16.8e9]}}
+    model = torch.nn.Linear(512, 512)  # 1 MiB of float32 weights
+    assert bench.floor_bandwidths("cpu", {"quick": False}, 1, results, model) == (20e9, 30e9)
+    assert results["ceilings"]["copy_bandwidth_measured"] == [16.8e9, 20e9]
+    measured = iter([10e9, 30e9])  # a busier moment before the floors: the start's figure stays
+    assert bench.floor_bandwidths("cpu", {"quick": False}, 1, results, model)[0] == 20e9
 
 
 @pytest.mark.optional_packages  # 4d compares with transformers where it is installed

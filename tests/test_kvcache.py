@@ -4,6 +4,7 @@ import torch
 
 import kvcache
 import sample
+from infra import decode_layout
 from model import ModelConfig, Transformer
 
 BLOCK = 48
@@ -66,9 +67,10 @@ def test_cached_logits_equal_full_recomputation_at_every_step(arch, prompt_lengt
 def test_greedy_generation_identical_with_and_without_cache(arch):
     model = make_model(arch, trained=True)
     prompt = torch.randint(0, 40, (1, 5), generator=torch.Generator().manual_seed(0))
-    kwargs = dict(encoder_inputs=torch.randint(0, 40, (1, 9)), start_token=0) if arch == "t5" else {}
-    cached = sample.generate(model, prompt, 120, temperature=0, **kwargs)  # 120 > block: the window slides twice
-    full = sample.generate(model, prompt, 120, temperature=0, use_cache=False, **kwargs)
+    if arch == "t5":
+        prompt = sample.T5Prompt(torch.randint(0, 40, (1, 9)), None, 0)
+    cached = sample.generate(model, prompt, 120, sample.GREEDY)  # 120 > block: the window slides twice
+    full = sample.generate_uncached(model, prompt, 120, sample.GREEDY)
     assert cached.size(1) >= 120 and torch.equal(cached, full)
 
 
@@ -78,9 +80,8 @@ def test_the_window_slides_at_the_smallest_block_sizes(block_size):
     model = Transformer(ModelConfig(arch="prefixlm", vocab_size=20, block_size=block_size, n_layer=1, n_head=1,
                                     n_embd=8)).eval()
     prompt = torch.tensor([[3]])
-    cached = sample.generate(model, prompt, 6, temperature=0)
-    assert cached.shape == (1, 7) and torch.equal(cached, sample.generate(model, prompt, 6, temperature=0,
-                                                                           use_cache=False))
+    cached = sample.generate(model, prompt, 6, sample.GREEDY)
+    assert cached.shape == (1, 7) and torch.equal(cached, sample.generate_uncached(model, prompt, 6, sample.GREEDY))
 
 
 COMPILED_TOL = 1e-4  # compiled kernels fuse and reorder float32 arithmetic: equal up to rounding, not bitwise
@@ -105,12 +106,12 @@ def test_compiled_decoding_equals_eager_decoding(arch):
         for _ in range(BLOCK - 7):
             token = torch.randint(0, 40, (2, 1), generator=g)
             eager = kvcache.decode_step(model, token, caches[0])
-            compiled = kvcache.compiled_decode_step(model)(model, token, caches[1])
+            compiled = decode_layout.compiled_decode_step(model)(model, token, caches[1])
             worst = max(worst, (compiled - eager).abs().max().item())
     assert worst < COMPILED_TOL, worst
-    kwargs = dict(encoder_inputs=encoder_inputs[:1], start_token=0) if arch == "t5" else {}
-    eager = sample.generate(model, prompt[:1], 200, temperature=0, **kwargs)
-    compiled = sample.generate(model, prompt[:1], 200, temperature=0, compiled=True, **kwargs)
+    start = sample.T5Prompt(encoder_inputs[:1], None, 0) if arch == "t5" else prompt[:1]
+    eager = sample.generate(model, start, 200, sample.GREEDY)
+    compiled = sample.generate(model, start, 200, sample.GREEDY, compiled=True)
     assert compiled.size(1) >= 200 and torch.equal(compiled, eager)
     # compiled, not run eagerly, and not once per token: batch 2 and batch 1, each with one more graph for the
     # context's last position (a full cache slice); every other position reuses a graph with a symbolic length
@@ -146,12 +147,26 @@ def test_prefix_caching_shared_prefill_equals_separate_prefills():
 def test_prefix_caching_for_t5_and_prefixlm_samples():
     for arch in ("prefixlm", "t5"):
         model = make_model(arch, trained=True)
-        kwargs = dict(encoder_inputs=torch.randint(0, 40, (1, 9)), start_token=0) if arch == "t5" else {}
-        prompt = torch.randint(0, 40, (1, 6))
-        a = sample.generate(model, prompt, 20, num_samples=3, generator=torch.Generator().manual_seed(0), **kwargs)
-        b = sample.generate(model, prompt, 20, num_samples=3, generator=torch.Generator().manual_seed(0),
-                       use_cache=False, **kwargs)
+        prompt = torch.randint(0, 40, (1, 6)).expand(3, -1)  # three samples of one prompt: one prefill, forked
+        if arch == "t5":
+            prompt = sample.T5Prompt(torch.randint(0, 40, (1, 9)).expand(3, -1), None, 0)
+        a = sample.generate(model, prompt, 20, sample.Sampling(generator=torch.Generator().manual_seed(0)))
+        b = sample.generate_uncached(model, prompt, 20, sample.Sampling(generator=torch.Generator().manual_seed(0)))
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("arch", ["gpt", "t5"])
+def test_rows_with_different_prompts_are_prefilled_each_and_equal_the_reference(arch):
+    """Rows that do not share their prompt get a prefill each (no fork): still the reference's tokens."""
+    model = make_model(arch, trained=True)
+    ids = torch.randint(0, 40, (3, 6), generator=torch.Generator().manual_seed(4))
+    prompt = (lambda rows: sample.T5Prompt(rows, None, 0)) if arch == "t5" else (lambda rows: rows)
+    cached = sample.generate(model, prompt(ids), 20, sample.GREEDY)
+    assert torch.equal(cached, sample.generate_uncached(model, prompt(ids), 20, sample.GREEDY))
+    for row in range(3):  # each row from its own prompt (not the first row's, forked)
+        assert torch.equal(cached[row:row + 1], sample.generate(model, prompt(ids[row:row + 1]), 20, sample.GREEDY))
+    if arch == "gpt":
+        assert not torch.equal(cached[0, 6:], cached[1, 6:])
 
 
 def test_extending_a_cached_prompt_computes_only_the_new_tokens():
@@ -189,12 +204,15 @@ def test_mask_predict_fills_every_mask():
     prompt = torch.randint(0, 39, (1, 8))
     for order in ("confident", "random"):
         for block_length in (0, 5):
-            tokens, passes = sample.iterative_unmask(model, prompt, 20, 8, mask_id=39, num_samples=3, order=order,
-                                              block_length=block_length, banned=torch.tensor([39]))
+            tokens = torch.cat([prompt, torch.full((1, 20), 39)], dim=1).repeat(3, 1)
+            passes = sample.iterative_unmask(model, tokens, tokens == 39, 8, sample.Sampling(
+                banned=torch.tensor([39]), order=order, block_length=block_length))
             assert (tokens != 39).all() and torch.equal(tokens[:, :8], prompt.expand(3, -1))
             assert passes == 8
     for steps, passes_made in ((7, 7), (2, 4)):  # 4 blocks of 5: 2, 2, 2, 1 passes; one each when too few
-        assert sample.iterative_unmask(model, prompt, 20, steps, mask_id=39, block_length=5)[1] == passes_made
+        tokens = torch.cat([prompt, torch.full((1, 20), 39)], dim=1)
+        assert sample.iterative_unmask(model, tokens, tokens == 39, steps,
+                                       sample.Sampling(block_length=5)) == passes_made
 
 
 def test_the_cache_is_static_and_decoding_never_reallocates_it():
@@ -257,7 +275,7 @@ def test_each_unmasking_order_reveals_what_its_name_says():
 
     def first_revealed(order, seed=0):
         model, x = StandIn(), torch.full((1, 3), 11)
-        sample.unmask(model, x, 3, 11, temperature=0, order=order, generator=torch.Generator().manual_seed(seed))
+        sample.unmask(model, x, x == 11, 3, sample.Sampling(0, order=order, generator=torch.Generator().manual_seed(seed)))
         assert bool((x != 11).all()) and len(model.seen) == 3  # one position a pass, every mask filled
         return (model.seen[1][0] != 11).nonzero()[:, 0].tolist()
 
@@ -272,7 +290,6 @@ def test_decoding_with_prepacked_weights_equals_the_plain_layout(arch):
     product equals nn.Linear's to float rounding, the greedy tokens equal the uncached reference's, and after the
     block every module computes as nn.Linear again. A width of 256 makes every block's weights large enough to be
     prepacked (the small ones are left as they are: they are faster so)."""
-    from infra import decode_layout
     torch.manual_seed(0)
     model = Transformer(ModelConfig(arch=arch, vocab_size=300, block_size=48, n_layer=2, n_head=4, n_embd=256)).eval()
     with torch.no_grad():  # biases away from their zero initialisation, so that a dropped bias shows
@@ -292,15 +309,14 @@ def test_decoding_with_prepacked_weights_equals_the_plain_layout(arch):
                 assert torch.allclose(module(inputs[name]), plain[name], rtol=1e-5, atol=1e-5), name
     assert not any("forward" in vars(m) for m in model.modules())  # restored
     prompt = torch.randint(0, 300, (1, 6), generator=torch.Generator().manual_seed(1))
-    extra = dict(encoder_inputs=prompt, start_token=0) if arch == "t5" else {}
-    start = prompt[:, :1] if arch == "t5" else prompt
-    cached = sample.generate(model, start, 30, temperature=0, **extra)
-    assert torch.equal(cached, sample.generate_uncached(model, start, 30, temperature=0, **extra))
+    start = sample.T5Prompt(prompt, None, 0) if arch == "t5" else prompt
+    cached = sample.generate(model, start, 30, sample.GREEDY)
+    assert torch.equal(cached, sample.generate_uncached(model, start, 30, sample.GREEDY))
 
 
 @pytest.mark.parametrize("arch", ["gpt", "t5"])
 def test_the_frozen_compiled_step_of_a_wide_model_is_its_own_model_and_refuses_changed_weights(arch):
-    """At kvcache.FROZEN_MIN_WIDTH and above, the CPU's compiled step freezes the weights into Inductor's C++ GEMM
+    """At decode_layout.FROZEN_MIN_WIDTH and above, the CPU's compiled step freezes the weights into Inductor's C++ GEMM
     kernels: the same logits as eager (COMPILED_TOL) and the same greedy tokens, at batch 1 (gpt) and 2 (t5, its
     encoder's keys in the cache); a second model of the same shape gets its own weights' logits, not the first's;
     weights changed in place or replaced after freezing are refused."""
@@ -308,10 +324,10 @@ def test_the_frozen_compiled_step_of_a_wide_model_is_its_own_model_and_refuses_c
         torch.manual_seed(seed)
         layers = dict(n_layer=1, n_decoder_layer=1) if arch == "t5" else dict(n_layer=1)
         return Transformer(ModelConfig(arch=arch, vocab_size=40, block_size=32, n_head=2,
-                                       n_embd=kvcache.FROZEN_MIN_WIDTH, **layers)).eval()
+                                       n_embd=decode_layout.FROZEN_MIN_WIDTH, **layers)).eval()
     first, second = wide(0), wide(1)
     torch._dynamo.reset()
-    kvcache.FROZEN_WEIGHTS.clear()
+    decode_layout.FROZEN_WEIGHTS.clear()
     torch._dynamo.utils.counters.clear()
     rows = 2 if arch == "t5" else 1
     g = torch.Generator().manual_seed(2)
@@ -324,15 +340,15 @@ def test_the_frozen_compiled_step_of_a_wide_model_is_its_own_model_and_refuses_c
                 kvcache.prefill(model, prompt, cache, encoder_inputs=encoder_inputs)
             for token in torch.arange(8).view(-1, 1, 1).expand(-1, rows, 1):
                 eager = kvcache.decode_step(model, token, caches[0])
-                compiled = kvcache.compiled_decode_step(model)(model, token, caches[1])
+                compiled = decode_layout.compiled_decode_step(model)(model, token, caches[1])
                 assert (compiled - eager).abs().max() < COMPILED_TOL
     assert torch._dynamo.utils.counters["inductor"]["cpp_templated_kernel_counter"] > 0  # Inductor's own GEMM
-    kwargs = dict(encoder_inputs=encoder_inputs[:1], start_token=0, num_samples=2) if arch == "t5" else {}
-    assert torch.equal(sample.generate(first, prompt[:1], 20, temperature=0, compiled=True, **kwargs),
-                       sample.generate(first, prompt[:1], 20, temperature=0, **kwargs))
+    start = sample.T5Prompt(encoder_inputs[:1].expand(2, -1), None, 0) if arch == "t5" else prompt[:1]
+    assert torch.equal(sample.generate(first, start, 20, sample.GREEDY, compiled=True),
+                       sample.generate(first, start, 20, sample.GREEDY))
     with torch.no_grad():
         second.lm_head.weight.mul_(2.0)  # in place, as an optimizer step
     first.lm_head.weight = torch.nn.Parameter(first.lm_head.weight.detach().clone())  # replaced
     for model in (first, second) if arch == "gpt" else (first,):
         with pytest.raises(RuntimeError, match="weights changed since"):
-            sample.generate(model, prompt[:1], 2, temperature=0, compiled=True, **kwargs)
+            sample.generate(model, start, 2, sample.GREEDY, compiled=True)

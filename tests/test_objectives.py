@@ -133,8 +133,9 @@ def test_sampling_after_span_corruption_asks_in_the_layout_training_wrote(specia
     assert (last == specials.eos).all() and (first_written == specials.sentinels[0]).all()
     asked = {}
 
-    def generate(model, prompt, encoder_inputs=None, banned=None, **settings):
-        asked.update(source=(encoder_inputs if arch == "t5" else prompt)[0].tolist(), banned=banned.tolist())
+    def generate(model, prompt, max_new_tokens, sampling, *_, **__):
+        asked.update(source=(prompt.encoder_inputs if arch == "t5" else prompt)[0].tolist(),
+                     banned=sampling.banned.tolist())
         return torch.zeros((1, 4), dtype=torch.long)
 
     monkeypatch.setattr(sample, "generate", generate)

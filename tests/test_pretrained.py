@@ -85,7 +85,7 @@ def test_greedy_generation_equals_transformers_generate(tmp_path):
     ours, _ = pretrained.load_pretrained(saved(gpt2, tmp_path, "gpt2"))
     expected = gpt2.generate(prompt, max_new_tokens=50, do_sample=False, eos_token_id=None, pad_token_id=0,
                              attention_mask=torch.ones_like(prompt))
-    got = sample.generate(ours, prompt, 50, top_k=1)
+    got = sample.generate(ours, prompt, 50, sample.Sampling(top_k=1))
     assert expected.shape == got.shape == (1, 62) and torch.equal(expected, got)
     assert len(set(got[0, 12:].tolist())) > 3  # not a degenerate repetition of one token
 
@@ -93,9 +93,9 @@ def test_greedy_generation_equals_transformers_generate(tmp_path):
     ours, _ = pretrained.load_pretrained(saved(t5, tmp_path, "t5"))
     expected = t5.generate(prompt, max_new_tokens=50, do_sample=False, eos_token_id=None,
                            attention_mask=torch.ones_like(prompt))
-    got = sample.generate(ours, None, 50, top_k=1, encoder_inputs=prompt, start_token=0)
+    got = sample.generate(ours, sample.T5Prompt(prompt, None, 0), 50, sample.Sampling(top_k=1))
     assert expected.shape == got.shape == (1, 51) and torch.equal(expected, got)
-    uncached = sample.generate(ours, None, 50, top_k=1, encoder_inputs=prompt, start_token=0, use_cache=False)
+    uncached = sample.generate_uncached(ours, sample.T5Prompt(prompt, None, 0), 50, sample.Sampling(top_k=1))
     assert torch.equal(got, uncached)
 
 
