@@ -157,8 +157,11 @@ def prefill_window(model, context, prompt):
 
 def one_prompt(model, prompt, sequence):
     """Whether every row starts from the same prompt (then one prefill serves them all: prefix caching)."""
-    rows = prompt.encoder_inputs if model.config.arch == "t5" else sequence
-    return bool((rows == rows[:1]).all())
+    if model.config.arch != "t5":
+        return bool((sequence == sequence[:1]).all())
+    lengths = prompt.lengths
+    return bool((prompt.encoder_inputs == prompt.encoder_inputs[:1]).all()) and \
+        (lengths is None or bool((lengths == lengths[:1]).all()))
 
 
 @torch.inference_mode()  # like no_grad, minus autograd's version counters: less overhead per token
@@ -217,7 +220,7 @@ def unmask(model, x, to_fill, steps, sampling=Sampling(), stop=None):
     if len(columns) == 0:
         return 0
     begin, end = int(columns[0]), int(columns[-1]) + 1  # the model reads all of x, predicts these columns only
-    open_ = to_fill[:, begin:end].clone()  # (B, n)
+    open_ = to_fill[:, begin:end].bool()  # (B, n), a copy
     passes = 0
     for step in range(steps):
         remaining = int(open_.sum(dim=1).max())

@@ -120,6 +120,16 @@ def train_and_evaluate_seeds(label, models, s, dataset, work, device, meta, conf
     return runs, budget, stopped
 
 
+def same_settings(recorded, settings):
+    """Whether a finished run's recorded settings are these. A setting train.py gained after the record was written
+    (init_std) is missing from it: the run used the behaviour that setting's default keeps, so a missing key
+    counts as its default."""
+    wanted = json.loads(json.dumps(settings))
+    defaults = json.loads(json.dumps(train.DEFAULTS))
+    added = {k: v for k, v in wanted.items() if k not in recorded and k in defaults and v == defaults[k]}
+    return dict(added, **recorded) == wanted
+
+
 def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=False, divergence_is_a_result=False,
               again="--reuse=True goes on from the finished runs", jobs=1, outcomes=None):
     """Train each (name, arch, objective, extra settings) of `models` on `dataset` to the same training FLOPs:
@@ -165,7 +175,7 @@ def train_all(models, s, dataset, checkpoints, device, meta, seed, quiet, reuse=
         if (reuse or kind) and os.path.exists(record):
             with open(record) as f:
                 done = json.load(f)
-            if done["settings"] == json.loads(json.dumps(settings)):
+            if same_settings(done["settings"], settings):
                 try:
                     model, checkpoint = load_model(os.path.join(run_config["out_dir"], "ckpt.pt"), device)
                 except UserError as e:

@@ -157,12 +157,20 @@ def with_bias(mask, bias):
 def with_relative_bias(table):
     """A forward pre-hook for one self-attention layer: T5's relative position bias (`table`, its stack's) folded
     into the layer's mask. Block.forward calls the attention with (x, mask, rotary, start, cache); the keys are the
-    cached ones and the new: start + T. (T5 computes the bias once per stack; each layer computes the same.)"""
-    def hook(attention, args):
+    cached ones and the new: start + T. Returns two hooks: the stack's first layer computes the biased mask (every
+    forward of the stack starts there), the later layers reuse it (as T5 computes its bias once per stack)."""
+    last = {}
+
+    def first(attention, args):
         x, mask, rotary, start, cache = args
         T = x.size(1)
-        return x, with_bias(mask, table(T, start + T, start, x.device)), rotary, start, cache
-    return hook
+        last["biased"] = with_bias(mask, table(T, start + T, start, x.device))
+        return x, last["biased"], rotary, start, cache
+
+    def later(attention, args):
+        x, _, rotary, start, cache = args
+        return x, last["biased"], rotary, start, cache
+    return first, later
 
 
 class T5(Transformer):
@@ -171,16 +179,17 @@ class T5(Transformer):
         self.relative_bias = RelativePositionBias(config, bidirectional=True)
         self.decoder_relative_bias = RelativePositionBias(config, bidirectional=False)
         # T5 folds 1/sqrt(head size) into its initialisation and does not divide its scores by it: its queries
-        # are multiplied by sqrt(head size) here, which SDPA's division undoes (exactly, for a head size that is
-        # a power of 4: t5-small's 64)
+        # are multiplied by sqrt(head size) here, which SDPA's division undoes (exactly in the fused kernels for a
+        # head size that is a power of 4, t5-small's 64; to float rounding otherwise)
         factor = math.sqrt(config.n_embd // config.n_head)
         for module in self.modules():
             if isinstance(module, Attention):
                 module.query.register_forward_hook(lambda linear, inputs, output: output * factor)
         # its positions: the relative bias of each stack, added to the scores of every self-attention layer
         for blocks, table in ((self.blocks, self.relative_bias), (self.decoder_blocks, self.decoder_relative_bias)):
-            for block in blocks:
-                block.attention.register_forward_pre_hook(with_relative_bias(table))
+            first, later = with_relative_bias(table)  # one pair per stack: its layers share the biased mask
+            for number, block in enumerate(blocks):
+                block.attention.register_forward_pre_hook(later if number else first)
         swap_norms(self, config.norm_eps, rms=True)
         swap_activations(self, config.activation)
 

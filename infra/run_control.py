@@ -5,11 +5,10 @@ shows only learning, evaluation, saving and the log line (as nanoGPT's does):
     with RunControl(config, setup, ...) as run:   # out_dir locked, log opened, Ctrl-C / SIGTERM caught
         while True:
             if iter_num % eval_interval == 0 or run.finished(iter_num):
+                run.check_losses()                   # a non-finite training loss stops every process here
                 losses = estimate_loss(...) if run.evaluates() else None   # the master evaluates
-                save, best = run.decide(iter_num, losses)                  # every process learns the decision
-                if save:
-                    run.write_checkpoints(checkpoint_state(...), best)
-                run.evaluation_done(iter_num, save)
+                # every process learns the decision: log.jsonl, ckpt.pt (best.pt), or a divergence stop
+                run.record_and_save(iter_num, losses, lambda: checkpoint_state(...))
             if run.finished(iter_num):
                 break
             ...one optimisation step...

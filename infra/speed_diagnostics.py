@@ -319,7 +319,8 @@ def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, s
                  f"8-token encoder input): eager with nn.Linear's weight layout, eager as sample.py decodes (the "
                  f"weights prepacked for the CPU's BLAS, infra/decode_layout.py) and the torch.compile'd step "
                  f"(decode_layout.compiled_decode_step); floor = weights once per step + each row's KV cache, at the "
-                 f"copy bandwidth of 4b (from memory), and at a weights-sized copy's (the CPU's caches serving them)",
+                 f"copy bandwidth of 4b (from memory), and at the bandwidth of a copy the size of gpt's weights (the "
+                 f"CPU's caches serving them)",
                  ["arch", "batch", "step", "tokens/s", "floor tokens/s", "of floor", "floor, weights-sized copy",
                   "compute bound tokens/s",
                   "first-call extra s (compile)", "vs nn.Linear's layout"], rows)

@@ -713,6 +713,17 @@ def test_a_training_process_that_dies_is_a_failure_that_says_how_to_go_on(tmp_pa
     assert "ended with status -9" in lines[0] and "--reuse=True" in lines[0], lines[0]
 
 
+def test_a_run_recorded_before_a_setting_existed_is_reused_at_its_default():
+    """A record written before train.py had init_std (the committed runs) matches a config that holds init_std at
+    its default, and not one that changes it; a setting that differs still refuses."""
+    from experiments.equal_compute import same_settings
+    recorded = {"arch": "bert", "learning_rate": 0.002, "tokens": "abc"}
+    assert same_settings(recorded, dict(recorded, init_std=0.02))
+    assert not same_settings(recorded, dict(recorded, init_std=0.04))
+    assert not same_settings(recorded, dict(recorded, learning_rate=0.004, init_std=0.02))
+    assert not same_settings(dict(recorded, init_std=0.04), dict(recorded, init_std=0.02))
+
+
 def test_reuse_checks_the_checkpoint_itself(tmp_path):
     """--reuse=True loads a finished run only if its checkpoint holds the run's own arch, shape and objective
     (bert's weights copied into gpt's folder are trained again, not reported as gpt), and a damaged checkpoint is one line
