@@ -265,10 +265,17 @@ def bench_decoding(device, size, repeats, results, compiled_rows=True):
                            "generation": run, "bandwidth_floor_tokens_per_s": floor, "cache_speedup": speedup}
     autocast = lambda: autocast_for(device, size["dtype"])  # noqa: E731
     if compiled_rows:  # 4c and 4d: diagnostics (infra/speed_diagnostics.py)
-        text += compiled_decoding_section(sample.generate, decoding_floor, decoding_cost, device, size, repeats,
+        text += compiled_decoding_section(greedy, decoding_floor, decoding_cost, device, size, repeats,
                                           results, models, prompt, new, autocast)
-    return text + hugging_face_section(sample.generate, device, size, repeats, results, prompt, new, autocast,
+    return text + hugging_face_section(greedy, device, size, repeats, results, prompt, new, autocast,
                                        compiled_rows)
+
+
+def greedy(model, rows, new, compiled=False):
+    """sample.generate, greedy, as the diagnostics in infra/ call it (they import no command): `rows` (B, P) one
+    prompt per row; t5's rows are its encoder's input, the decoder starting from token 0."""
+    prompt = sample.T5Prompt(rows, None, 0) if model.config.arch == "t5" else rows
+    return sample.generate(model, prompt, new, sample.GREEDY, compiled=compiled)
 
 
 def floor_bandwidths(device, size, repeats, results, model):

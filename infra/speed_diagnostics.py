@@ -36,7 +36,6 @@ from infra.configurator import QUICK_OUTPUT, UserError
 from infra.progress import check_writable
 from infra.timing import matmul_flops_per_second, median_time, mfu_text, of_floor_text, time_once
 from infra.plots import pyplot, save
-from sample import Sampling, T5Prompt
 
 
 # ----------------------------------------------------------------------------- tables
@@ -52,7 +51,7 @@ def table(title, header, rows):
 # ----------------------------------------------------------------------------- against transformers' generate
 
 def against_hugging_face(generate, size, prompt, new, device, repeats, autocast=nullcontext, compiled=True):
-    """Our cached greedy decoding (`generate`: sample.py's, passed in by bench.py) against Hugging Face transformers' `generate` on the same model: a GPT-2 built by
+    """Our cached greedy decoding (`generate(model, rows, new, compiled)`: bench.greedy, sample.py's, passed in) against Hugging Face transformers' `generate` on the same model: a GPT-2 built by
     transformers of `size` (bench.py's: n_layer, n_head, n_embd, block_size, vocab; random weights, GPT-2's own layout:
     biases, tied head), the same weights loaded into our Transformer (infra/pretrained.py). Batch 1, the same
     prompt and number of tokens. Returns {"transformers": version, "new_tokens", "samplers": {name: {"tokens_per_s"}},
@@ -70,12 +69,11 @@ def against_hugging_face(generate, size, prompt, new, device, repeats, autocast=
         bos_token_id=None, eos_token_id=None, pad_token_id=0)).to(device).eval()
     ours, _ = build_published(theirs.config, theirs.state_dict(), "transformers' GPT2LMHeadModel", device)
     reference = "transformers generate (use_cache=True, greedy)"
-    greedy = Sampling(temperature=0)
-    samplers = {"ours, KV cache (sample.generate)": lambda: generate(ours, prompt, new, greedy),
+    samplers = {"ours, KV cache (sample.generate)": lambda: generate(ours, prompt, new),
                 reference: lambda: theirs.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new,
                                                    min_new_tokens=new, do_sample=False, use_cache=True)}
     if compiled:
-        samplers["ours, KV cache, compiled step"] = lambda: generate(ours, prompt, new, greedy, compiled=True)
+        samplers["ours, KV cache, compiled step"] = lambda: generate(ours, prompt, new, compiled=True)
     speeds, tokens = {}, {}
     torch._dynamo.reset()  # a new model: graphs of its own
     with torch.no_grad():
@@ -280,7 +278,8 @@ def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, s
     with torch.no_grad(), autocast():
         for done, (arch, batch) in enumerate(cases):
             model = models[arch]
-            start = T5Prompt(t5_inputs.expand(batch, -1), None, 0) if arch == "t5" else prompt.expand(batch, -1)
+            # one prompt a row (t5: its encoder's input)
+            prompts = t5_inputs.expand(batch, -1) if arch == "t5" else prompt.expand(batch, -1)
             context = (1 if arch == "t5" else prompt.size(1)) + new / 2  # average context of the generation
             encoder_length = t5_inputs.size(1) if arch == "t5" else 0
             floor = decoding_floor(model, bandwidth, batch, context, encoder_length)
@@ -292,7 +291,7 @@ def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, s
                 progress.update(len(MODES) * done + step)
 
                 def generation():
-                    generate(model, start, new, Sampling(temperature=0), compiled=compiled)
+                    generate(model, prompts, new, compiled=compiled)
 
                 decode_layout.USE_PREPACKED = mode != "eager, nn.Linear's layout"
                 try:
