@@ -216,10 +216,9 @@ def unmask(model, x, to_fill, steps, sampling=Sampling(), stop=None):
     if sampling.order not in UNMASK_ORDERS:
         raise ValueError(f"unknown unmasking order {sampling.order!r}: choose one of {', '.join(UNMASK_ORDERS)}")
     model.eval()
-    columns = to_fill.any(dim=0).nonzero()[:, 0]
-    if len(columns) == 0:
+    if not to_fill.any():
         return 0
-    begin, end = int(columns[0]), int(columns[-1]) + 1  # the model reads all of x, predicts these columns only
+    begin, end = column_span(to_fill)  # the model reads all of x, predicts these columns only
     open_ = to_fill[:, begin:end].bool()  # (B, n), a copy
     passes = 0
     for step in range(steps):
@@ -247,6 +246,12 @@ def unmask(model, x, to_fill, steps, sampling=Sampling(), stop=None):
     return passes
 
 
+def column_span(to_fill):
+    """(begin, end): the first and one past the last column of to_fill (B, L) that holds a True."""
+    columns = to_fill.any(dim=0).nonzero()[:, 0]
+    return int(columns[0]), int(columns[-1]) + 1
+
+
 def iterative_unmask(model, x, to_fill, steps, sampling=Sampling(), stop=None):
     """bert's generation (mask-predict; the standard sampler of masked diffusion): fill the [MASK]s of x where
     to_fill is True with `unmask` over `steps` passes. With sampling.block_length > 0 the columns to fill are taken
@@ -255,10 +260,9 @@ def iterative_unmask(model, x, to_fill, steps, sampling=Sampling(), stop=None):
     where a block has fewer masks than passes). Returns the number of forward passes; x is filled in place."""
     if steps < 1:
         raise ValueError("steps must be at least 1")
-    columns = to_fill.any(dim=0).nonzero()[:, 0]
-    if len(columns) == 0:
+    if not to_fill.any():
         return 0
-    begin, end = int(columns[0]), int(columns[-1]) + 1
+    begin, end = column_span(to_fill)
     length = sampling.block_length or end - begin
     passes, (share, remainder) = 0, divmod(steps, len(range(begin, end, length)))
     for number, block in enumerate(range(begin, end, length)):
