@@ -50,17 +50,13 @@ tuned logistic regression for the judgements) and, where a rule can be told the 
 shows the task is well posed; the question is what a backbone learns from the examples alone). Positive control of
 each part: its best reader's mean minus one std above the spelling rule by CONTROL_MARGIN, or the part gives no
 verdict. Mean +- std over seeds; each seed is its own pretraining run and fine-tuning order. The readers of each
-part, the rate kept, the controls and the report: experiments/encoders_report.py.
+part, the controls and the report: experiments/encoders_report.py; the recipe (the schedule, the rate kept, the grid
+grown, the cells in worker processes): experiments/recipe.py.
 """
-import contextlib
 import json
-import multiprocessing
-import multiprocessing.connection
 import os
-import signal
 import sys
 import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/encoders.py
 import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while it loads ends quietly)
@@ -72,9 +68,11 @@ import torch.nn.functional as F
 from experiments.encoder_tasks import documents, flagged_line, make_tasks
 from experiments.equal_compute import machine_line, resolve_experiment, write_results
 from experiments.finetune import Backbone, hidden_states, study_backbones
-from experiments.encoders_report import CROSS_READERS, PARTS, controls, kept_rates, plot, report, tried_rates
+from experiments.encoders_report import CROSS_READERS, PARTS, controls, plot, report
+from experiments.recipe import begun, finished_cells, grow, missing, train
+from experiments.study_report import plateau_threshold
 from experiments.tasks import classification_scores, ngram_features, read_texts, tuned_logistic_regression
-from infra.configurator import Failure, UserError, output_folder, run_main
+from infra.configurator import UserError, output_folder, run_main
 from infra.progress import StopSignals, check_writable, format_duration
 from infra.timing import median_time
 
@@ -167,34 +165,6 @@ def embed_all(backbone, texts, how, span=None, batch=256):
     backbone.model.eval()
     with torch.no_grad():
         return torch.cat([embed(backbone, texts[i:i + batch], how, span) for i in range(0, len(texts), batch)])
-
-
-def rate_factor(step, steps, warmup):
-    """The fine-tuning schedule, the same for every reader: a linear warmup over the first `warmup` share of the
-    steps (the first steps of a fresh head would otherwise shake the pretrained weights), then linear to 0."""
-    w = max(1, round(warmup * steps))
-    return (step + 1) / w if step < w else max(0.0, (steps - step) / max(1, steps - w))
-
-
-def train(backbone, head, steps, s, batch_loss, stop, seed):
-    """`steps` of AdamW on the backbone (s["learning_rate"], one rate of the grid) and the head
-    (s["head_learning_rate"]), both on rate_factor's schedule; batch_loss(rng) draws a batch, returns its loss."""
-    backbone.model.train()
-    groups = [{"params": backbone.model.parameters(), "lr": s["learning_rate"]}]
-    if head is not None:
-        groups.append({"params": head.parameters(), "lr": s["head_learning_rate"]})
-    optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: rate_factor(step, steps, s["warmup"]))
-    rng = np.random.default_rng(seed)
-    for _ in range(steps):
-        if stop:
-            raise KeyboardInterrupt
-        loss = batch_loss(rng)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-    backbone.model.eval()
 
 
 # ----------------------------------------------------------------------------- the four parts, one cell each
@@ -388,26 +358,6 @@ def run_one(part, backbone, how, task, s, seed, stop):
     raise ValueError(f"unknown part {part!r}")
 
 
-def grow(cells, s, seeds):
-    """The cells that grow the grid: a reader whose kept rate is the lowest (highest) it was tried at is tried at
-    s["grown"][0] ([1]), the one rate past the grid on that side, on every seed (once: a rate kept there is
-    reported at the edge)."""
-    out = []
-    for (part, reader), rate in kept_rates(cells).items():
-        tried = tried_rates(cells, part, reader)
-        for edge, beyond in ((tried[0], s["grown"][0]), (tried[-1], s["grown"][1])):
-            if rate == edge and beyond not in tried:
-                model, how = reader[:-1].split(" (")
-                out += [(part, model, how, seed, beyond) for seed in seeds]
-    return out
-
-
-def missing(plan, cells):
-    """The cells of the plan not among those finished."""
-    done = {(c["part"], c["reader"], c["seed"], c.get("learning rate")) for c in cells}
-    return [cell for cell in plan if (cell[0], f"{cell[1]} ({cell[2]})", cell[3], cell[4]) not in done]
-
-
 def earlier_cells(path, data):
     """--reuse=True: the cells, prices and seconds of the run written at path, if it ran these very settings; else
     none."""
@@ -427,33 +377,14 @@ def earlier_cells(path, data):
     return earlier["cells"], earlier.get("prices", {}), earlier.get("seconds", 0.0)
 
 
-# The cells run in worker processes with --jobs > 1: each builds the task once (the same seed: the same items)
+# What the cells read: set here, or in each worker process (--jobs > 1) by prepare
 WORKER = {}
 
 
-def worker(connection, config, s, folders, device, threads):
-    """A worker process of finished_cells: builds the task once, then runs each cell it is sent, sending back
-    ("done", (cell, result)), or ("refused", the one line) for a UserError or Failure, or ("bug", the traceback),
-    until it is sent None or its parent is gone."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent ends the workers
-    torch.set_num_threads(threads)
-    try:
-        WORKER.update(task=make_tasks(read_texts(config["dataset"]), s, config["seed"]), s=s, folders=folders,
-                      device=device)
-        while True:
-            try:
-                cell = connection.recv()
-            except EOFError:  # the parent is gone: nothing to tell
-                return
-            if cell is None:
-                return
-            connection.send(("done", run_cell(cell)))
-    except (UserError, Failure) as e:  # the parent says it in one line, as if the cell had run there
-        message = ("refused", (type(e).__name__, str(e)))
-    except Exception:  # noqa: B902  (a bug: the parent shows where, in this process)
-        message = ("bug", traceback.format_exc())
-    with contextlib.suppress(OSError):
-        connection.send(message)
+def prepare(config, s, folders, device, task=None):
+    """The task (built from the seed: the same items in every process), the scale and the backbones' folders."""
+    WORKER.update(task=task or make_tasks(read_texts(config["dataset"]), s, config["seed"]), s=s, folders=folders,
+                  device=device)
 
 
 def run_cell(cell, stop=False):
@@ -464,70 +395,6 @@ def run_cell(cell, stop=False):
     s = WORKER["s"] if rate is None else dict(WORKER["s"], learning_rate=rate)
     result = run_one(part, backbone, how, WORKER["task"], s, seed, stop)
     return cell, dict(result, **({} if rate is None else {"learning rate": rate}))
-
-
-def finished_cells(plan, jobs, task, config, s, folders, device, stop):
-    """Yield (cell, result) as the cells finish: here, one after another, or in `jobs` worker processes (spawned,
-    not forked: a forked OpenMP runtime can hang), each with its share of the threads."""
-    if jobs == 1:
-        WORKER.update(task=task, s=s, folders=folders, device=device)
-        for cell in plan:
-            yield run_cell(cell, stop)
-        return
-    arguments = ({k: config[k] for k in ("dataset", "seed")}, s, folders, device,
-                 max(1, torch.get_num_threads() // jobs))
-    context, waiting, workers, finished = multiprocessing.get_context("spawn"), list(plan), {}, False
-
-    def give(connection):  # the next cell, or None: the worker ends (a worker gone shows at its next read)
-        with contextlib.suppress(OSError):
-            connection.send(waiting.pop(0) if waiting else None)
-
-    # (pipes, not a multiprocessing pool: a pool's queues hold named semaphores, which the resource tracker cleans
-    # up, printing tracebacks if it was killed meanwhile)
-    try:
-        for _ in range(min(jobs, len(waiting))):
-            here, there = context.Pipe()
-            process = context.Process(target=worker, args=(there, *arguments), daemon=True)
-            process.start()
-            workers[here] = process
-            there.close()  # the worker holds the only other end: its end is the pipe's end of file
-            give(here)
-        busy = set(workers)
-        while busy:
-            for connection in multiprocessing.connection.wait(list(busy)):
-                try:
-                    kind, said = connection.recv()
-                except (EOFError, OSError):  # ended without a word (killed from outside, out of memory)
-                    workers[connection].join()
-                    raise Failure(f"a worker process ended with status {workers[connection].exitcode} (killed, "
-                                  f"or out of memory)") from None
-                if kind == "refused":
-                    raise (UserError if said[0] == "UserError" else Failure)(said[1])
-                if kind == "bug":
-                    raise RuntimeError(f"a worker process failed:\n{said}")
-                if not waiting:
-                    busy.discard(connection)
-                give(connection)
-                yield said
-        finished = True
-    finally:  # finished (each worker was sent None), stopped or failed: no worker is left behind
-        for process in workers.values():
-            if finished:
-                process.join(timeout=5)
-            if process.exitcode is None:
-                process.kill()
-                process.join()
-
-
-def plateau_threshold(study_dir, scale):
-    """The study's plateau control, {model: the validation loss a backbone must be under}, when study.py wrote it
-    (finetune.py --study's own pretraining does not)."""
-    path = os.path.join(study_dir, f"study-{scale}.json")
-    try:
-        with open(path) as f:
-            return json.load(f)["plateau_control"]["threshold"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 def main():
@@ -581,26 +448,29 @@ def main():
     if config["reuse"]:
         data["cells"], data["prices"], earlier = earlier_cells(os.path.join(config["out_dir"], name + ".json"), data)
         t0 -= earlier  # the seconds written are those of every cell kept, too
+        plan += [cell for cell in begun(data["cells"], seeds) if cell not in plan]  # (a rate grown, half run)
     cost = lambda cells: sum(CELL_COST[cell[0]] for cell in cells)  # noqa: E731  (for the time left)
     jobs = min(config["jobs"], len(plan))
     print(f"[encoders] {len(plan)} cells (parts x readers x seeds x rates {', '.join(f'{r:g}' for r in s['rates'])})"
           f", {jobs} at a time" + (f"; {len(data['cells'])} kept from the earlier run" if data["cells"] else ""),
           flush=True)
     started, done = time.perf_counter(), 0.0  # (done: the cost of the cells run by this command)
+    arguments = ({k: config[k] for k in ("dataset", "seed")}, s, folders, device)
+    prepare(*arguments, task=task)  # here; each worker process makes its own
     try:
         with StopSignals(immediate=True) as stop:
             todo = missing(plan, data["cells"])
             while True:  # the grid, then the one rate past each rate kept at its edge (grow)
                 to_do = cost(todo) + done  # what this command runs in all, as far as it knows now
-                for (part, model, how, seed, rate), result in finished_cells(todo, jobs, task, config, s, folders,
-                                                                              device, stop):
+                for (part, model, how, seed, rate), result in finished_cells(todo, jobs, run_cell, stop, prepare,
+                                                                              arguments):
                     data["cells"].append({"part": part, "reader": f"{model} ({how})", "seed": seed, **result})
                     done += CELL_COST[part]
                     left = (time.perf_counter() - started) / done * (to_do - done)
                     print(f"[encoders] {len(data['cells'])}/{len(plan)} done: {part}, {model} ({how}), seed {seed}"
                           + ("" if rate is None else f", rate {rate:g}") + f"; ~{format_duration(max(0, left))} left",
                           flush=True)
-                grown = grow(data["cells"], s, seeds)
+                grown = grow(data["cells"], s["grown"], seeds)
                 plan += grown
                 todo = missing(plan, data["cells"])
                 if not todo:

@@ -1,16 +1,16 @@
 """
-How experiments/encoders.py's cells are read (claims E3, X1, F3, B2): the readers compared in each part, the rate
-kept for each reader (chosen over seeds on the tuning items, never on the evaluation items), each part's positive
-control, and the table and plot written from the cells. Nothing here trains or measures: every function reads the
+How experiments/encoders.py's cells are read (claims E3, X1, F3, B2): the readers compared in each part, each part's
+positive control, and the table and plot written from the cells (the rate kept for each reader, chosen over seeds on
+the tuning items, is experiments/recipe.py's). Nothing here trains or measures: every function reads the
 cells (and the rules) of a run, so a result file can be rewritten from its JSON.
 """
 import numpy as np
 
-from experiments.study_report import mean_std, plus_minus
+from experiments.recipe import CONTROL_MARGIN, control_outcome, kept_rates, rate_kept
+from experiments.study_report import backbones_line, plus_minus
 from infra.configurator import QUICK_NOTE
 from infra.plots import pyplot, save
 
-CONTROL_MARGIN = 0.10  # a part's positive control: its best reader (mean - std) this far above the spelling rule
 PROBE_READERS = [("gpt", "mean"), ("gpt", "echo"), ("bert", "mean"), ("prefixlm", "mean"), ("t5", "mean"),
                  ("diffusion", "mean")]  # (study model, how its vector is read)
 BI_READERS = [("gpt", "mean"), ("gpt", "last"), ("gpt", "echo"), ("bert", "mean"), ("prefixlm", "mean"),
@@ -23,37 +23,13 @@ PARTS = {"probe": PROBE_READERS, "retrieval": BI_READERS, "flag-first": FLAG_FIR
          "reranking": CROSS_READERS, "judge": JUDGE_READERS}
 
 
-# ----------------------------------------------------------------------------- the rate kept, the controls
-
-def control_outcome(values, rule):
-    """A part's positive control: its best reader's mean - std (over seeds) at least CONTROL_MARGIN above the
-    spelling rule's score. values: {reader: [score per seed]}."""
-    best = max(values, key=lambda reader: np.mean(values[reader]))
-    mean, std = mean_std(values[best])
-    passed = mean - (std or 0.0) >= rule + CONTROL_MARGIN
-    return {"best": best, "mean": mean, "std": std, "rule": rule, "passed": bool(passed)}
-
-
-def kept_rates(cells):
-    """{(part, reader): the rate of the grid whose mean tuning score over seeds is best} (on a tie the lower): the
-    rate is chosen on items held out of the training ones, never on the evaluation items."""
-    scores = {}
-    for c in cells:
-        if "tuning" in c:
-            scores.setdefault((c["part"], c["reader"]), {}).setdefault(c["learning rate"], []).append(c["tuning"])
-    return {key: max(sorted(by_rate), key=lambda rate: np.mean(by_rate[rate])) for key, by_rate in scores.items()}
-
+# ----------------------------------------------------------------------------- scores at the rate kept, the controls
 
 def values(data, part, reader, metric):
     """A reader's score per seed, at the rate kept for it (the probe, a frozen reader, has no rate)."""
     kept = kept_rates(data["cells"]).get((part, reader))
     return [c[metric] for c in data["cells"] if (c["part"], c["reader"]) == (part, reader) and metric in c
             and c.get("learning rate") == kept]
-
-
-def tried_rates(cells, part, reader):
-    return sorted({c["learning rate"] for c in cells if (c["part"], c["reader"]) == (part, reader)
-                   and "learning rate" in c})
 
 
 def controls(data):
@@ -79,7 +55,7 @@ def per_step(s):
             "cross-encoder": (pairs * (s["line"] + 1 + document), pairs)}
 
 
-def recipe(data, s):
+def recipe_text(data, s):
     """The fine-tuning recipe, the same for every reader, in words."""
     (bi_chars, bi_pairs), (cross_chars, cross_pairs) = per_step(s).values()
     return (f"Fine-tuning, the same for every reader: {s['steps']} steps of AdamW, batch {s['batch_size']}, the "
@@ -98,37 +74,12 @@ def recipe(data, s):
                 f"characters per step") + " (echo reads every text twice).")
 
 
-def rate_kept(data, part, reader):
-    """The rate kept for a reader, marked when it is still the lowest or highest it was tried at."""
-    rate, tried = kept_rates(data["cells"]).get((part, reader)), tried_rates(data["cells"], part, reader)
-    if rate is None:
-        return "-"
-    return f"{rate:g}" + (" (edge)" if len(tried) > 1 and rate in (tried[0], tried[-1]) else "")
-
-
-def backbones_line(data):
-    """Each fine-tuned backbone's pretraining validation loss by seed, against the study's plateau control."""
-    threshold = data.get("plateau_threshold") or {}
-    out = []
-    for model in dict.fromkeys(k.split(",")[0] for k in data["checkpoints"]):
-        losses = [v["final_val_loss"] for k, v in data["checkpoints"].items() if k.startswith(model + ",")]
-        line = f"{model} " + ", ".join(f"{v:.3f}" for v in losses)
-        if model in threshold:
-            past = sum(v <= threshold[model] for v in losses)
-            line += f" (control {threshold[model]:.3f}: {past} of {len(losses)} past)"
-        out.append(line)
-    tail = "" if threshold else " (no plateau control recorded: experiments/study.py writes it)"
-    return ("The backbones' own validation loss at the end of pretraining, by seed, against the study's plateau "
-            "control (its own objective's context-free reference less the margin; a backbone above it learned no "
-            "context and gives no verdict): " + "; ".join(out) + "." + tail)
-
-
 def report(data, s, scale):
     pct = lambda v: plus_minus(v, 1, percent=True)  # noqa: E731
     lines = [QUICK_NOTE, ""] if scale == "quick" else []
     lines += [f"Where encoders still win (claims E3, X1, F3, B2), scale `{scale}`: the study's equal-FLOPs "
               f"checkpoints (experiments/study.py's scale `{s['study_scale']}`), one pretraining run per seed "
-              f"({', '.join(map(str, data['seeds']))}); mean +- std over seeds, in %. " + recipe(data, s) +
+              f"({', '.join(map(str, data['seeds']))}); mean +- std over seeds, in %. " + recipe_text(data, s) +
               f" Training examples from the training split, evaluation ones from the validation split. On "
               f"{data['machine']}, {data['seconds'] / 60:.1f} min. Positive control of a part: its best reader's "
               f"mean - std at least {100 * CONTROL_MARGIN:.0f} points above the spelling rule."
@@ -176,9 +127,9 @@ def report(data, s, scale):
         reader = f"{name} ({how})"
         lines.append(f"| {reader} | " + " | ".join(pct(values(data, "retrieval", reader, m)) for m in
                                                    ("recall@1", "mrr", "hard negative first", "hits@1"))
-                     + f" | {rate_kept(data, 'retrieval', reader)} | "
+                     + f" | {rate_kept(data['cells'], 'retrieval', reader)} | "
                        f"{pct(values(data, 'flag-first', reader, 'recall@1'))} | "
-                       f"{rate_kept(data, 'flag-first', reader)} |")
+                       f"{rate_kept(data['cells'], 'flag-first', reader)} |")
     for rule, v in r["retrieval"].items():
         lines.append(f"| (rule) {rule} | {100 * v['recall@1']:.1f}% | {100 * v['mrr']:.1f}% | "
                      f"{100 * v['hard negative first']:.1f}% | {100 * v['hits@1']:.1f}% | - | - | - |"
@@ -204,8 +155,8 @@ def report(data, s, scale):
                      f"{p['bi-encoder, %d candidates' % n]:.2f}",
                      f"{p['bi-encoder, encoding one document (once)']:.3f}"]
         lines.append(f"| {reader} | {pct(values(data, 'retrieval', reader, 'hits@1'))} | "
-                     f"{rate_kept(data, 'retrieval', reader)} | {pct(values(data, 'reranking', reader, 'hits@1'))} | "
-                     f"{rate_kept(data, 'reranking', reader)} | " + " | ".join(times) + " |")
+                     f"{rate_kept(data['cells'], 'retrieval', reader)} | {pct(values(data, 'reranking', reader, 'hits@1'))} | "
+                     f"{rate_kept(data['cells'], 'reranking', reader)} | " + " | ".join(times) + " |")
     (bi_chars, bi_pairs), (cross_chars, cross_pairs) = per_step(s).values()
     lines += [f"| (rule) n-gram cosine | {100 * r['retrieval']['n-gram cosine']['hits@1']:.1f}% | - | - | - | - | - "
               f"| - |", "", f"Pairs per fine-tuning step: the bi-encoder scores {bi_pairs} (reading {bi_chars} "
@@ -218,7 +169,7 @@ def report(data, s, scale):
     for name, how in JUDGE_READERS:
         reader = f"{name} ({how})"
         lines.append(f"| {reader} | {pct(values(data, 'judge', reader, 'accuracy'))} | "
-                     f"{rate_kept(data, 'judge', reader)} |")
+                     f"{rate_kept(data['cells'], 'judge', reader)} |")
     for rule, v in r["judge"].items():
         lines.append(f"| (rule) {rule} | {100 * v:.1f}% | - |")
     columns = sorted({c["learning rate"] for c in data["cells"] if "learning rate" in c})
@@ -234,7 +185,7 @@ def report(data, s, scale):
         by_rate = {x: [c["tuning"] for c in cells if c["learning rate"] == x] for x in columns}
         lines.append(f"| {part} | {reader} | " + " | ".join(
             ("-" if not v else (f"**{100 * np.mean(v):.1f}%**" if x == rate else f"{100 * np.mean(v):.1f}%"))
-            for x, v in by_rate.items()) + f" | {rate_kept(data, part, reader)} |")
+            for x, v in by_rate.items()) + f" | {rate_kept(data['cells'], part, reader)} |")
     head, *sections = "\n".join(lines).split("\n## ")  # only the sections of the parts run
     shown = {"1": {"probe"}, "2": {"retrieval", "flag-first"}, "3": {"reranking"}, "4": {"judge"},
              "5": set(PARTS) - {"probe"}}

@@ -20,7 +20,7 @@ overfits, while masked diffusion keeps improving for ~100 epochs and ends lower.
   study), so they run to 512 epochs; gpt, overfit long before, to 256.
 - Seeds: two at every epoch count up to 16 and, once the first seed has run everywhere, at each objective's best
   epoch count and at the crossover: the key points carry a spread, the expensive long runs one seed otherwise.
-- Scored on the same held-out windows with the study's common metric (study.second_half_bits, bits/char of a
+- Scored on the same held-out windows with the study's common metric (metrics.second_half_bits, bits/char of a
   window's second half given its first half): gpt's exact chain rule; the diffusion model's ELBO (an upper bound
   on its NLL, the curve the paper compares) and its exact chain rule with [MASK] placeholders; bert's
   left-to-right chain rule as the study computes it. The same on windows of the unique training data, so
@@ -52,7 +52,7 @@ from infra.dataset import get_windows, load_dataset, written_here
 from infra.progress import StopSignals, format_duration, write_atomically
 from infra.timing import machine_name
 from experiments.equal_compute import resolve_experiment
-from experiments.study import character_frequency_bits, second_half_bits
+from experiments.metrics import character_frequency_bits, second_half_bits
 from experiments.study_report import mean_std
 from infra.plots import pyplot, save
 

@@ -5,8 +5,9 @@ size and recipe on judgements over a whole input (F3), on embeddings for retriev
     python experiments/finetune.py --init_from=out-cpu-bert --task=speaker --mode=probe   # one checkpoint, one task
     python experiments/finetune.py --init_from=out-cpu-gpt --task=tampered --mode=full --pooling=mean --seeds=3
     python experiments/finetune.py --init_from=bert-base-uncased --task=retrieval  # published (infra/pretrained.py)
-    python experiments/finetune.py --study          # the study's gpt, bert, prefixlm, t5, diffusion x every task x
-                                                    # mode x 3 seeds: 85 minutes -> results/study/finetune-cpu.*
+    python experiments/finetune.py --study --jobs=2 # the study's gpt, bert, prefixlm, t5, diffusion x every task x
+                                                    # mode x 3 seeds x every rate of the grid, two cells at a time:
+                                                    # RUN_MINUTES on 2 cores -> results/study/finetune-cpu.*
     python experiments/finetune.py --study --quick  # seconds (the test suite runs it) -> out-quick/
 
 Tasks (tasks.py, made from the text of the prepared char-level dataset, training and evaluation examples from
@@ -21,8 +22,16 @@ bidirectional prefix: mean. gpt is causal: position i has seen tokens 0..i only,
 only one that has seen everything (--pooling=last, its default); --pooling=mean averages positions that saw less
 and less of the input.
 --mode=probe trains only the head on frozen features (the backbone is bit-identical afterwards, tested);
---mode=full fine-tunes everything. Baselines under the same scoring: the majority class and a character
+--mode=full fine-tunes everything; both on the recipe below (a warmup over --warmup of the steps, then linear
+to 0). Baselines under the same scoring: the majority class and a character
 1-3-gram logistic regression (numpy); for retrieval chance and n-gram cosine similarity.
+
+--study fine-tunes every reader on one recipe (experiments/recipe.py, shared with experiments/encoders.py): the
+same steps and batch, a warmup then a linear decay, every rate of a small grid (the backbone's in full mode, the
+head's in probe mode) on every seed, and the rate kept for a reader chosen by its mean score over seeds on tuning
+items held out of the training examples (never on an evaluation example); the grid grows one rate past a rate kept
+at its edge. Each row has a positive control: its best reader at least 10 points above the character n-gram rule,
+or the row gives no verdict. The backbones' pretraining losses are stated against the study's plateau control.
 """
 import json
 import math
@@ -41,10 +50,12 @@ from infra.checkpoint import load_checkpoint, load_model
 from infra.configurator import QUICK_NOTE, UserError, apply_overrides, check_seed, output_folder, pick_device, run_main
 from infra.dataset import load_dataset
 from infra.progress import StopSignals, check_writable, format_duration, write_atomically
+from experiments import recipe
 from experiments.equal_compute import check_jobs, equal_flops_config, flops_budget, machine_line, train_all
 from infra.train_config import MODEL_KEYS
-from experiments.study_report import mean_std
-from experiments.tasks import CANDIDATES, TASKS, baselines, classification_scores, make_task, read_texts, retrieval_scores
+from experiments.study_report import backbones_line, mean_std, plateau_threshold
+from experiments.tasks import (CANDIDATES, TASKS, baselines, candidate_sets, classification_scores, make_task, read_texts,
+                               retrieval_scores)
 from infra.plots import pyplot, save
 
 DEFAULTS = dict(
@@ -57,9 +68,11 @@ DEFAULTS = dict(
     steps=300,               # full fine-tuning steps
     probe_steps=600,         # head-only steps on cached features
     batch_size=32, learning_rate=3e-4, head_learning_rate=3e-3, temperature=0.05,  # temperature: contrastive loss
+    # (--study tries every rate of its grid: its backbone's in full mode, its head's in probe mode)
+    warmup=0.1,              # the rates rise linearly over this share of the steps, then fall linearly to 0
     device="auto",
     study=False, scale="cpu", quick=False, out_dir="results/study", fresh=False,  # --study: the whole table
-    jobs=1,                  # --study's pretraining: how many runs train at once (processes, one per core)
+    jobs=1,                  # --study: how many fine-tuning cells (and missing pretraining runs) run at once
 )
 MODES = ("probe", "full")
 
@@ -163,8 +176,11 @@ def features_of(backbone, texts, pooling, batch_size=64):
 # ----------------------------------------------------------------------------- training a head (and the backbone)
 
 def run_cell(backbone, task, mode, pooling, data, seed, config, stop):
-    """Train one (task, mode, seed) and score it on the task's evaluation examples. probe: the backbone is frozen
-    and its features computed once; full: backbone + head train together. Returns the metrics."""
+    """Train one (task, mode, seed) on the recipe every reader shares (experiments/recipe.py: AdamW, a warmup, then
+    linear to 0) and score it on the task's evaluation examples, and on its tuning examples when data holds some
+    ("tuning": the score a rate of the grid is chosen on). probe: the backbone is frozen, its features computed
+    once, the head trains at config["head_learning_rate"]; full: the backbone (config["learning_rate"]) and the
+    head train together. Returns the metrics."""
     model, n_embd = backbone.model, backbone.model.config.n_embd
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
@@ -178,54 +194,43 @@ def run_cell(backbone, task, mode, pooling, data, seed, config, stop):
     head = head.to(backbone.device)
     train = data["train"]
     keys = ("text", "next") if task == "retrieval" else ("text",)  # what each example gives the model to read
-    if mode == "probe":
-        for p in model.parameters():
-            p.requires_grad_(False)
-        cached = {key: features_of(backbone, [e[key] for e in train], pooling) for key in keys}
-        optimizer = torch.optim.AdamW(head.parameters(), lr=config["head_learning_rate"], weight_decay=0.0)
-        steps = config["probe_steps"]
-    else:
-        model.train()
-        for p in model.parameters():
-            p.requires_grad_(True)
-        optimizer = torch.optim.AdamW([{"params": model.parameters(), "lr": config["learning_rate"]},
-                                       {"params": head.parameters(), "lr": config["head_learning_rate"]}],
-                                      weight_decay=0.0)
-        steps = config["steps"]
     labels = torch.tensor([e.get("label", 0) for e in train], device=backbone.device)
-    for step in range(steps):
-        if stop:
-            raise KeyboardInterrupt
+    for p in model.parameters():
+        p.requires_grad_(mode == "full")
+    if mode == "probe":
+        cached = {key: features_of(backbone, [e[key] for e in train], pooling) for key in keys}
+        read = lambda index, key: cached[key][torch.from_numpy(index).to(backbone.device)]  # noqa: E731
+    else:
+        read = lambda index, key: pooled_features(  # noqa: E731
+            model, *backbone.encode([train[i][key] for i in index.tolist()]), pooling)
+
+    def batch_loss(rng):
         # without replacement: a pair twice in one batch would be its own in-batch negative
-        index = torch.randperm(len(train), generator=generator)[:config["batch_size"]]
-        if mode == "probe":
-            inputs = {key: values[index.to(values.device)] for key, values in cached.items()}
-        else:
-            inputs = {key: pooled_features(model, *backbone.encode([train[i][key] for i in index.tolist()]), pooling)
-                      for key in keys}
+        index = rng.permutation(len(train))[:config["batch_size"]]
         if task == "retrieval":  # in-batch negatives: each line's own next line against the batch's others
-            q, k = F.normalize(head(inputs["text"]), dim=-1), F.normalize(head(inputs["next"]), dim=-1)
-            loss = F.cross_entropy(q @ k.T / config["temperature"], torch.arange(len(q), device=q.device))
-        else:
-            loss = F.cross_entropy(head(inputs["text"]), labels[index.to(labels.device)])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+            q, k = (F.normalize(head(read(index, key)), dim=-1) for key in keys)
+            return F.cross_entropy(q @ k.T / config["temperature"], torch.arange(len(q), device=q.device))
+        return F.cross_entropy(head(read(index, "text")), labels[torch.from_numpy(index).to(labels.device)])
+
+    steps = config["probe_steps"] if mode == "probe" else config["steps"]
+    recipe.train(None if mode == "probe" else backbone, head, steps, config, batch_loss, stop, seed)
     model.eval()
-    with torch.no_grad():
-        if task == "retrieval":
-            return score_retrieval(backbone, data, pooling, head)
-        predicted = head(features_of(backbone, [e["text"] for e in data["eval"]], pooling)).argmax(-1).cpu()
-        return classification_scores(predicted.numpy(), [e["label"] for e in data["eval"]], len(data["classes"]))
+    scores = evaluate(backbone, task, pooling, head, data["eval"], data.get("candidates"), data["classes"])
+    if "tune" in data:
+        tuning = evaluate(backbone, task, pooling, head, data["tune"], data.get("tune_candidates"), data["classes"])
+        scores["tuning"] = tuning[METRIC[task]]
+    return scores
 
 
 @torch.no_grad()
-def score_retrieval(backbone, data, pooling, head=torch.nn.Identity()):
-    """Recall@1 and MRR of the evaluation queries among their candidates, with the pooled states passed through
-    `head` (the identity: as they come out of pretraining, no training at all)."""
-    q, k = (head(features_of(backbone, [e[key] for e in data["eval"]], pooling)).cpu().numpy()
-            for key in ("text", "next"))
-    return retrieval_scores(q, k, data["candidates"])
+def evaluate(backbone, task, pooling, head, examples, candidates, classes):
+    """The task's metrics on `examples`, the pooled states passed through `head` (the identity: retrieval's frozen
+    row, the states as they come out of pretraining): recall@1 and MRR among each query's candidates, or accuracy
+    and balanced accuracy."""
+    features = lambda key: head(features_of(backbone, [e[key] for e in examples], pooling)).cpu()  # noqa: E731
+    if task == "retrieval":
+        return retrieval_scores(features("text").numpy(), features("next").numpy(), candidates)
+    return classification_scores(features("text").argmax(-1).numpy(), [e["label"] for e in examples], len(classes))
 
 
 def check_config(config):
@@ -239,6 +244,9 @@ def check_config(config):
     for key in ("learning_rate", "head_learning_rate", "temperature"):
         if not config[key] > 0:
             raise UserError(f"--{key} must be positive, got {config[key]}")
+    if not 0 <= config["warmup"] < 1:
+        raise UserError(f"--warmup is the share of the steps the rates rise over: at least 0, below 1; got "
+                        f"{config['warmup']}")
     check_seed(config["seed"])
 
 
@@ -249,15 +257,24 @@ def format_metric(values):
 
 # ----------------------------------------------------------------------------- the study: every arch x task x mode
 
-STUDY_SCALES = {  # which study.py checkpoints (and their context, the longest example), and the fine-tuning budget
-    "cpu": dict(seeds=3, steps=300, probe_steps=600, max_chars=64, limits={"train": 3000, "eval": 1000, "min_eval": 100}),
+STUDY_SCALES = {  # which study.py checkpoints (and their context, the longest example), the fine-tuning budget, how
+    # many training examples are held out as tuning items, and the recipe's grids: the backbone's rates (full) and
+    # the head's (probe, the backbone frozen), each with the one rate past each edge it grows to
+    "cpu": dict(seeds=3, steps=300, probe_steps=600, max_chars=64,
+                limits={"train": 3000, "eval": 1000, "min_eval": 100, "tune": 500},
+                rates=(3e-4, 1e-3, 3e-3), grown=(1e-4, 1e-2), probe_rates=(1e-3, 3e-3, 1e-2), probe_grown=(3e-4, 3e-2)),
     "gpu": dict(seeds=5, steps=2000, probe_steps=2000, max_chars=256,
-                limits={"train": 20000, "eval": 2000, "min_eval": 100}),
-    # quick: the 32-token models read the first half of 64-character examples (a smoke run)
-    "quick": dict(seeds=1, steps=3, probe_steps=5, max_chars=64, limits={"train": 64, "eval": 120, "min_eval": 2}),
+                limits={"train": 20000, "eval": 2000, "min_eval": 100, "tune": 2000},
+                rates=(3e-5, 1e-4, 3e-4), grown=(1e-5, 1e-3), probe_rates=(1e-3, 3e-3, 1e-2), probe_grown=(3e-4, 3e-2)),
+    # quick: the 32-token models read the first half of 64-character examples (a smoke run; its grid not grown)
+    "quick": dict(seeds=1, steps=3, probe_steps=5, max_chars=64,
+                  limits={"train": 64, "eval": 120, "min_eval": 2, "tune": 16},
+                  rates=(1e-3, 3e-3), grown=(1e-3, 3e-3), probe_rates=(1e-2,), probe_grown=(1e-2, 1e-2)),
 }
 READERS = [("gpt", "last"), ("gpt", "mean"), ("bert", "mean"), ("prefixlm", "mean"), ("t5", "mean"),
            ("diffusion", "mean")]  # (study model, pooling)
+CELL_SECONDS = {("retrieval", "full"): 65, ("retrieval", "probe"): 9, "full": 43, "probe": 2}  # one core, for the
+# time left
 
 
 def checkpoint_differs(checkpoint, run, s, dataset, device, meta, budget):
@@ -299,7 +316,7 @@ def study_backbones(config, scale, device, seeds, option="--out_dir"):
             raise UserError(f"{study_json} is damaged ({type(e).__name__}): it names the learning rates the study "
                             f"chose; run python experiments/study.py again, or delete it (the study's pretraining "
                             f"then uses rate 1e-3)") from None
-    missing = []
+    to_train = []
     for name, arch, objective, extra in wanted:
         for seed in seeds:
             path = os.path.join(folders[(name, seed)], "ckpt.pt")
@@ -310,13 +327,13 @@ def study_backbones(config, scale, device, seeds, option="--out_dir"):
                 if not differ:
                     continue
                 print(f"[finetune study] not reusing {path}: it holds {differ}; it trains again", flush=True)
-            missing.append(run)
-    if missing:
+            to_train.append(run)
+    if to_train:
         check_writable([os.path.join(config["out_dir"], "checkpoints", "ckpt.pt")], option)  # (a trial write)
-        print(f"[finetune study] pretraining {len(missing)} runs at equal FLOPs (study.py, scale {scale}; learning "
+        print(f"[finetune study] pretraining {len(to_train)} runs at equal FLOPs (study.py, scale {scale}; learning "
               f"rates " + (f"from {study_json}" if rates else "1e-3: study.py has not chosen them")
               + f"); the others are reused from {prefix}-*", flush=True)
-        trained, _ = train_all(missing, s, config["dataset"], prefix, device, meta, seeds[0], True,
+        trained, _ = train_all(to_train, s, config["dataset"], prefix, device, meta, seeds[0], True,
                                again="the same command goes on from the finished runs", jobs=config.get("jobs", 1))
         if trained is None:  # train_all said which checkpoints are finished; they are reused next time
             raise KeyboardInterrupt  # run_main: status 130 and what is kept (the finished pretraining runs)
@@ -330,89 +347,183 @@ def study_backbones(config, scale, device, seeds, option="--out_dir"):
     return folders, identities
 
 
+def study_tasks(texts, s):
+    """Each task's training, tuning and evaluation examples: the tuning items (the last quarter of the training
+    examples, at most limits["tune"]) are held out of the training ones; a rate is chosen on them, never on an
+    evaluation example."""
+    out = {}
+    for task in TASKS:
+        data = make_task(task, texts, s["max_chars"], s["seed"], s["limits"])
+        n = min(s["limits"]["tune"], len(data["train"]) // 4)
+        if n < 2:
+            raise UserError(f"--task={task} has {len(data['train'])} training examples: too few to hold tuning "
+                            f"items out of them; use a longer text")
+        data["train"], data["tune"] = data["train"][:-n], data["train"][-n:]
+        if task == "retrieval":  # (fewer candidates than the evaluation's where the tuning items are few)
+            data["tune_candidates"] = candidate_sets(data["tune"], size=min(CANDIDATES, n // 2))
+        out[task] = data
+    return out
+
+
+def lines_of(example):
+    return {line.strip() for key in ("text", "next") for line in example.get(key, "").split("\n") if line.strip()}
+
+
+def shared_with_training(data):
+    """The share of a task's tuning items that hold a line of text also in a training example: they are held-out
+    examples, not held-out text (overlapping passages and consecutive line pairs reach both), so the rate is
+    chosen on items that are partly familiar; the evaluation examples come from the validation split."""
+    seen = set().union(*(lines_of(e) for e in data["train"]))
+    return float(np.mean([bool(lines_of(e) & seen) for e in data["tune"]]))
+
+
+STUDY = {}  # what the study's cells read: set here, or in each worker process (--jobs > 1) by prepare_study
+
+
+def prepare_study(dataset, s, folders, device, tasks=None):
+    STUDY.update(tasks=tasks or study_tasks(read_texts(dataset), s), s=s, folders=folders, device=device)
+
+
+def run_study_cell(cell, stop):
+    """cell: ("<task> <mode>", model, pooling, seed, rate): a fresh copy of the seed's backbone (full fine-tuning
+    changes its weights), trained at the grid's rate for what the mode trains (the backbone, or the head)."""
+    part, name, pooling, seed, rate = cell
+    task, mode = part.split()
+    config = dict(STUDY["s"], **{"learning_rate" if mode == "full" else "head_learning_rate": rate})
+    started = time.perf_counter()
+    scores = run_cell(Backbone(STUDY["folders"][(name, seed)], STUDY["device"]), task, mode, pooling,
+                      STUDY["tasks"][task], seed, config, stop)
+    return cell, dict(scores, **{"learning rate": rate, "seconds": time.perf_counter() - started})
+
+
+def earlier_study(paths, settings):
+    """(the results of an earlier --study of these very settings and checkpoints, the file they were in), its
+    partial file first; (None, None) if there is none."""
+    for path in paths:
+        if not os.path.exists(path):
+            continue
+        try:
+            with open(path) as f:
+                previous = json.load(f)
+        except (OSError, ValueError) as e:
+            raise UserError(f"{path} is damaged ({type(e).__name__}): delete it, or pass --fresh=True") from None
+        if previous.get("settings") == json.loads(json.dumps(settings)):
+            print(f"reusing {len(previous['cells'])} finished cells from {path} (--fresh=True to start over)")
+            previous.pop("notes", None)  # (an earlier stop's)
+            return previous, path
+        print(f"{path} holds results of other settings or other pretrained checkpoints: they are not reused (a "
+              f"partial file is replaced by this run's)", flush=True)
+    return None, None
+
+
 def study(config):
     config["out_dir"] = output_folder(config, DEFAULTS)
     check_jobs(config)
     scale = "quick" if config["quick"] else config["scale"]
     if scale not in STUDY_SCALES:
         raise UserError(f"unknown --scale={scale}: {', '.join(k for k in STUDY_SCALES if k != 'quick')} (or --quick)")
-    one_run_only = [k for k in ("init_from", "task", "mode", "pooling", "seeds", "steps", "probe_steps")
-                    if config[k] != DEFAULTS[k]]
+    one_run_only = [k for k in ("init_from", "task", "mode", "pooling", "seeds", "steps", "probe_steps",
+                                "learning_rate") if config[k] != DEFAULTS[k]]
     if one_run_only:
         raise UserError(f"--{one_run_only[0]} is for one fine-tuning run; --study runs every task, mode and reader "
-                        f"with the scale's settings (STUDY_SCALES): drop it")
+                        f"with the scale's settings and rate grids (STUDY_SCALES): drop it")
     check_config(config)
-    check_writable([os.path.join(config["out_dir"], f"finetune-{scale}{extension}")
-                    for extension in (".md", ".json", ".png")])
-    settings = dict(STUDY_SCALES[scale], scale=scale, seed=config["seed"], dataset=config["dataset"],
-                    batch_size=config["batch_size"], learning_rate=config["learning_rate"],
-                    head_learning_rate=config["head_learning_rate"], temperature=config["temperature"])
-    run = dict(config, **{k: settings[k] for k in ("steps", "probe_steps")})
+    name = os.path.join(config["out_dir"], f"finetune-{scale}")
+    check_writable([name + extension for extension in (".md", ".json", ".png", "-partial.json")])
+    s = dict(STUDY_SCALES[scale], scale=scale, seed=config["seed"], dataset=config["dataset"],
+             batch_size=config["batch_size"], head_learning_rate=config["head_learning_rate"],
+             temperature=config["temperature"], warmup=config["warmup"])
     device = pick_device(config["device"])
     texts = read_texts(config["dataset"])
     t0 = time.perf_counter()
-    seeds = [config["seed"] + k for k in range(settings["seeds"])]  # one pretraining run per seed
-    folders, settings["checkpoints"] = study_backbones(config, scale, device, seeds)
-    json_path = os.path.join(config["out_dir"], f"finetune-{scale}.json")
-    data = {"settings": settings, "device": device, "machine": machine_line(device, config), "cells": [], "baselines": {}, "frozen": [], "examples": {}}
-    if os.path.exists(json_path) and not config["fresh"]:
-        with open(json_path) as f:
-            previous = json.load(f)
-        if previous.get("settings") == settings:
-            data = previous
-            print(f"reusing {len(data['cells'])} finished cells from {json_path} (--fresh=True to start over)")
-        else:
-            print(f"{json_path} holds results of other settings or other pretrained checkpoints: starting over "
-                  f"(they are replaced)", flush=True)
-    seconds_before = data.get("seconds", 0.0)
-    done = {(c["task"], c["reader"], c["mode"], c["seed"]) for c in data["cells"]}
-    plan = [(task, name, pooling, mode, seed) for task in TASKS for name, pooling in READERS for mode in MODES
-            for seed in seeds if (task, f"{name} ({pooling})", mode, seed) not in done]
+    seeds = [config["seed"] + k for k in range(s["seeds"])]  # one pretraining run per seed
+    began = time.time()
+    folders, s["checkpoints"] = study_backbones(config, scale, device, seeds)
+    pretrained_now = any(v["written"] >= int(began) for v in s["checkpoints"].values())
+    data, reused = (None, None) if config["fresh"] else earlier_study([name + "-partial.json", name + ".json"], s)
+    data = data or {"settings": s, "cells": [], "baselines": {}, "frozen": [], "examples": {}, "seconds": 0.0}
+    data.update(machine=machine_line(device, config, runs=None if pretrained_now or config["jobs"] > 1 else 1),
+                plateau_threshold=plateau_threshold(config["out_dir"], scale))
+    seconds_before = data["seconds"]
+    tasks = study_tasks(texts, s)
+    for task, t in tasks.items():  # deterministic; the report states their sizes and class balance
+        data["examples"][task] = {
+            "train": len(t["train"]), "tune": len(t["tune"]), "eval": len(t["eval"]), "classes": t["classes"],
+            "tuning items sharing a line with training": shared_with_training(t),
+            "eval_class_counts": [sum(e["label"] == c for e in t["eval"]) for c in range(len(t["classes"]))]}
+        if task not in data["baselines"]:  # the same examples for every reader: baselines once per task
+            data["baselines"][task] = baselines(task, t)
     os.makedirs(config["out_dir"], exist_ok=True)
-    tasks, cell_seconds = {}, []
-    for task in TASKS:  # deterministic, a second or two each; the report states their sizes and class balance
-        tasks[task] = make_task(task, texts, settings["max_chars"], config["seed"], settings["limits"])
-        classes = tasks[task]["classes"]
-        data["examples"][task] = {"train": len(tasks[task]["train"]), "eval": len(tasks[task]["eval"]),
-                                  "classes": classes,
-                                  "eval_class_counts": [sum(e["label"] == c for e in tasks[task]["eval"])
-                                                        for c in range(len(classes))]}
-    stopped = False
+    plan = [(f"{task} {mode}", model, pooling, seed, rate) for task in TASKS for mode in MODES for seed in seeds
+            for rate in s["rates" if mode == "full" else "probe_rates"] for model, pooling in READERS]
+    grown = {f"{task} {mode}": s["grown" if mode == "full" else "probe_grown"] for task in TASKS for mode in MODES}
+    plan += [cell for cell in recipe.begun(data["cells"], seeds) if cell not in plan]
+    cost = lambda cells: sum(CELL_SECONDS.get(tuple(c[0].split()), CELL_SECONDS[c[0].split()[1]])  # noqa: E731
+                             for c in cells)
+    arguments = (config["dataset"], s, folders, device)
+    prepare_study(*arguments, tasks=tasks)  # here; each worker process makes its own
+    jobs, stopped, started, done = min(config["jobs"], len(plan)), False, time.perf_counter(), 0
     try:
         with StopSignals(immediate=True) as stop:
-            for number, (task, name, pooling, mode, seed) in enumerate(plan):
-                if task not in data["baselines"]:  # the same examples for every reader: baselines once per task
-                    data["baselines"][task] = baselines(task, tasks[task])
-                reader = f"{name} ({pooling})"
-                backbone = Backbone(folders[(name, seed)], device)  # fresh weights: full mode changes them
-                if task == "retrieval" and not any((f["reader"], f.get("seed")) == (reader, seed) for f in data["frozen"]):
-                    data["frozen"].append({"reader": reader, "seed": seed,
-                                           **score_retrieval(backbone, tasks[task], pooling)})
-                left = f", ~{format_duration(np.mean(cell_seconds) * (len(plan) - number))} left" if cell_seconds else ""
-                print(f"[finetune study] {number + 1}/{len(plan)}: {task}, {reader}, {mode}, seed {seed}{left}",
-                      flush=True)
-                started = time.perf_counter()
-                scores = run_cell(backbone, task, mode, pooling, tasks[task], seed, run, stop)
-                cell_seconds.append(time.perf_counter() - started)
-                data["cells"].append({"task": task, "reader": reader, "mode": mode, "seed": seed,
-                                      "seconds": cell_seconds[-1], **scores})
-                write_atomically(json_path, json.dumps(data, indent=1))
+            for model, pooling in READERS:  # retrieval's frozen row: the pooled states, untrained
+                for seed in seeds:
+                    if stop:
+                        raise KeyboardInterrupt
+                    if not any((f["reader"], f["seed"]) == (f"{model} ({pooling})", seed) for f in data["frozen"]):
+                        t = tasks["retrieval"]
+                        data["frozen"].append({"reader": f"{model} ({pooling})", "seed": seed, **evaluate(
+                            Backbone(folders[(model, seed)], device), "retrieval", pooling, torch.nn.Identity(),
+                            t["eval"], t["candidates"], [])})
+            todo = recipe.missing(plan, data["cells"])
+            print(f"[finetune study] {len(plan)} cells (tasks x modes x seeds x rates x readers), {jobs} at a "
+                  f"time; {len(plan) - len(todo)} done before", flush=True)
+            while True:  # the grid, then the one rate past each rate kept at its edge (recipe.grow)
+                to_do = cost(todo) + done
+                for cell, result in recipe.finished_cells(todo, jobs, run_study_cell, stop, prepare_study, arguments):
+                    part, model, pooling, seed, rate = cell
+                    task, mode = part.split()
+                    data["cells"].append({"part": part, "task": task, "mode": mode, "reader": f"{model} ({pooling})",
+                                          "seed": seed, **result})
+                    done += cost([cell])
+                    data["seconds"] = seconds_before + time.perf_counter() - t0
+                    write_atomically(name + "-partial.json", json.dumps(data, indent=1))
+                    left = (time.perf_counter() - started) / done * (to_do - done)
+                    print(f"[finetune study] {len(data['cells'])}/{len(plan)}: {task}, {model} ({pooling}), {mode}, "
+                          f"seed {seed}, rate {rate:g}; ~{format_duration(max(0, left))} left", flush=True)
+                more = recipe.grow(data["cells"], grown, seeds)
+                plan += more
+                todo = recipe.missing(plan, data["cells"])
+                if not todo:
+                    break
+                print(f"[finetune study] the grid grown past {len(more) // len(seeds)} rates kept at its edge: "
+                      f"{len(todo)} cells more", flush=True)
     except KeyboardInterrupt:
-        print(f"interrupted: {len(data['cells'])} cells kept in {json_path}; rerun the same command to go on")
         stopped = True
-    data["seconds"] = seconds_before + time.perf_counter() - t0
+    if done or stopped or not seconds_before:  # (a rerun with nothing left to run rewrites the report only)
+        data["seconds"] = seconds_before + time.perf_counter() - t0
+    data["controls"] = study_controls(data)
+    out = name + ("-partial" if stopped else "")  # never over the whole result a complete run wrote
+    if stopped:
+        data["notes"] = [f"**Interrupted: {len(data['cells'])} of {len(plan)} cells done; rows may hold fewer "
+                         f"seeds or rates than the header names; the same command goes on from them.**"]
     text = study_report(data, scale)
     print("\n" + text)
-    write_atomically(json_path, json.dumps(data, indent=1), os.path.join(config["out_dir"], f"finetune-{scale}.md"),
-                     text + "\n")
-    study_plot(data, os.path.join(config["out_dir"], f"finetune-{scale}.png"))
-    print(f"wrote {os.path.join(config['out_dir'], f'finetune-{scale}')}.md, .json and .png", flush=True)
+    write_atomically(out + ".json", json.dumps(data, indent=1), out + ".md", text + "\n")
+    study_plot(data, out + ".png")
+    if not stopped and (done or reused == name + "-partial.json"):  # its progress is in the whole result now
+        for extension in (".json", ".md", ".png"):
+            if os.path.exists(name + "-partial" + extension):
+                os.remove(name + "-partial" + extension)
+    print(f"wrote {out}.md, .json and .png", flush=True)
     if stopped:
         sys.exit(130)  # a stop, after writing what finished (docs/reliability.md)
 
 
-METRIC = {"speaker": "balanced accuracy", "tampered": "accuracy", "retrieval": "recall@1"}  # the table's
+METRIC = {"speaker": "balanced accuracy", "tampered": "accuracy", "retrieval": "recall@1"}  # the table's (and
+# the tuning score's)
 SECOND_METRIC = {"speaker": "accuracy", "retrieval": "mrr"}  # shown too
+RULE = {"speaker": "character n-gram logistic regression", "tampered": "character n-gram logistic regression",
+        "retrieval": "character n-gram cosine"}  # the spelling rule a positive control must beat
 
 
 def sampling_error(p, examples, class_counts=None):
@@ -425,34 +536,75 @@ def sampling_error(p, examples, class_counts=None):
     return 1.96 * math.sqrt(p * (1 - p) / examples)
 
 
+def kept_values(data, part, reader, metric):
+    """A reader's score per seed at the rate kept for it."""
+    kept = recipe.kept_rates(data["cells"]).get((part, reader))
+    return [c[metric] for c in data["cells"] if (c["part"], c["reader"]) == (part, reader)
+            and c["learning rate"] == kept]
+
+
+def study_controls(data):
+    """Each (task, mode)'s positive control: its best reader at least recipe.CONTROL_MARGIN above the spelling
+    rule, else that row gives no verdict."""
+    out = {}
+    for part in dict.fromkeys(c["part"] for c in data["cells"]):
+        task = part.split()[0]
+        scores = {reader: v for name, pooling in READERS
+                  if (v := kept_values(data, part, reader := f"{name} ({pooling})", METRIC[task]))}
+        out[part] = recipe.control_outcome(scores, data["baselines"][task][RULE[task]][METRIC[task]])
+    return out
+
+
 def study_report(data, scale):
     s = data["settings"]
     readers = [f"{name} ({pooling})" for name, pooling in READERS]
+    grid = lambda key: ", ".join(f"{r:g}" for r in s[key])  # noqa: E731
+    tuned = ", ".join(f"{task} {e['tune']}" for task, e in data["examples"].items())
+    shared = ", ".join(f"{task} {100 * e['tuning items sharing a line with training']:.0f}%"
+                       for task, e in data["examples"].items())
     lines = [QUICK_NOTE, ""] if scale == "quick" else []
-    lines += [f"Fine-tuning the study's equal-FLOPs checkpoints (scale `{scale}`), {s['seeds']} seeds (mean +- std "
-             f"in %): each seed is its own pretraining run (study.py's run of that seed, at the learning rate its "
-             f"sweep chose) and sets the head's initialisation and the order of training examples, so the std "
-             f"includes pretraining; not the choice of evaluation examples (see the sampling error below). full: {s['steps']} steps of batch {s['batch_size']} at "
-             f"learning rate {s['learning_rate']} (head {s['head_learning_rate']}); probe: {s['probe_steps']} "
-             f"head-only steps on frozen features; retrieval's frozen row: the pooled states, untrained. Inputs of "
-             f"at most {s['max_chars']} characters. t5 reads with its encoder (half its layers). On "
-             f"{data.get('machine', data['device'])}; {data.get('seconds', 0) / 60:.1f} min in all (pretraining included when it "
-             f"happened).", "",
-             "| task (metric) | mode | " + " | ".join(readers) + " |", "|---|---|" + "---|" * len(readers)]
+    lines += [f"Fine-tuning the study's equal-FLOPs checkpoints (scale `{scale}`; claims B2, X1, F3, E3), {s['seeds']} "
+              f"seeds (mean +- std in %): each seed is its own pretraining run (study.py's run of that seed, at the "
+              f"learning rate its sweep chose) and sets the head's initialisation and the order of training "
+              f"examples, so the std includes pretraining; not the choice of evaluation examples (see the sampling "
+              f"error below). One recipe for every reader (experiments/recipe.py): AdamW, the rates rising over the "
+              f"first {100 * s['warmup']:.0f}% of the steps, then linear to 0. full: {s['steps']} steps of batch "
+              f"{s['batch_size']}, the backbone at each rate of {grid('rates')} (a fresh head at "
+              f"{s['head_learning_rate']:g}); probe: {s['probe_steps']} head-only steps on frozen features, the head "
+              f"at each rate of {grid('probe_rates')}; a reader whose best rate is at the grid's edge is also tried "
+              f"one rate past it. The rate kept for a reader is the one of best mean score over seeds on tuning items "
+              f"held out of the training examples ({tuned}; never an evaluation example; held-out examples, not "
+              f"held-out text: the share of them holding a line also in a training example is {shared}); the last "
+              f"section gives every rate's. Per step a classifier reads {s['batch_size']} examples; the retrieval bi-encoder reads "
+              f"{s['batch_size']} lines and their {s['batch_size']} next lines and scores {s['batch_size'] ** 2} "
+              f"(line, next line) pairs (in-batch negatives). Inputs of at most {s['max_chars']} characters; t5 "
+              f"reads with its encoder (half its layers); retrieval's frozen row: the pooled states, untrained. On "
+              f"{data['machine']}; {data['seconds'] / 60:.1f} min in all (pretraining included when it happened). "
+              f"Positive control of a row: its best reader's mean - std at least {100 * recipe.CONTROL_MARGIN:.0f} "
+              f"points above the spelling rule (character n-grams), else the row gives no verdict."
+              + "".join(f" {note}" for note in data.get("notes", [])), "",
+              backbones_line(dict(data, checkpoints=s["checkpoints"])), "",
+              "| task (metric) | mode | " + " | ".join(readers) + " |", "|---|---|" + "---|" * len(readers)]
     for task in TASKS:
-        metrics = [METRIC[task]] + ([SECOND_METRIC[task]] if task in SECOND_METRIC else [])
-        for metric in metrics:
-            modes = (["frozen"] if task == "retrieval" else []) + list(MODES)
-            for mode in modes:
-                cells = []
+        for metric in [METRIC[task]] + ([SECOND_METRIC[task]] if task in SECOND_METRIC else []):
+            for mode in (["frozen"] if task == "retrieval" else []) + list(MODES):
+                row = []
                 for reader in readers:
                     if mode == "frozen":
                         values = [f[metric] for f in data["frozen"] if f["reader"] == reader]
                     else:
-                        values = [c[metric] for c in data["cells"] if (c["task"], c["reader"], c["mode"]) ==
-                                  (task, reader, mode)]
-                    cells.append(format_metric(values) if values else "-")
-                lines.append(f"| {task} ({metric}) | {mode} | " + " | ".join(cells) + " |")
+                        values = kept_values(data, f"{task} {mode}", reader, metric)
+                    row.append(format_metric(values) if values else "-")
+                lines.append(f"| {task} ({metric}) | {mode} | " + " | ".join(row) + " |")
+        for mode in MODES:
+            lines.append(f"| {task}: rate kept | {mode} | " + " | ".join(
+                recipe.rate_kept(data["cells"], f"{task} {mode}", reader) for reader in readers) + " |")
+    lines += ["", "Positive controls (the table's metric, at the rates kept):", ""]
+    for part, c in data.get("controls", {}).items():
+        spread = "(one seed)" if c["std"] is None else f"+- {100 * c['std']:.1f}"
+        lines.append(f"- {part}: " + ("passed" if c["passed"] else "FAILED (no verdict from this row)") +
+                     f": best {c['best']} {100 * c['mean']:.1f}% {spread} against the spelling rule's "
+                     f"{100 * c['rule']:.1f}%")
     lines += ["", "Baselines under the same scoring (no model), and the evaluation set's own sampling error (95% "
                   "half-width of the table's metric: at the majority-class score, or at chance for retrieval):", ""]
     for task, rules in data["baselines"].items():
@@ -462,11 +614,25 @@ def study_report(data, scale):
                                     if METRIC[task] == "balanced accuracy" else None)
         balance = ", ".join(f"{name} {count}" for name, count in zip(examples["classes"],
                                                                      examples.get("eval_class_counts", [])))
-        lines.append(f"- {task} ({examples['train']} training / {examples['eval']} evaluation examples"
+        lines.append(f"- {task} ({examples['train']} training / {examples['tune']} tuning / {examples['eval']} "
+                     f"evaluation examples"
                      + (f", {len(examples['classes'])} classes; evaluation: {balance}" if examples["classes"] else "")
                      + "): " +
                      "; ".join(f"{rule} " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in scores.items())
                                for rule, scores in rules.items()) + f"; sampling error +-{100 * half_width:.1f} points")
+    lines += ["", "Every rate tried: mean tuning score over seeds (the rate is chosen on it), then the evaluation "
+                  "score in brackets, the table's metric, in %:", "",
+              "| task, mode | reader | rates tried | rate kept |", "|---|---|---|---|"]
+    for part in dict.fromkeys(c["part"] for c in data["cells"]):
+        for reader in readers:
+            by_rate = {}
+            for c in data["cells"]:
+                if (c["part"], c["reader"]) == (part, reader):
+                    by_rate.setdefault(c["learning rate"], []).append((c["tuning"], c[METRIC[part.split()[0]]]))
+            if by_rate:
+                lines.append(f"| {part} | {reader} | " + ", ".join(
+                    f"{rate:g}: {100 * np.mean([t for t, _ in v]):.1f} ({100 * np.mean([e for _, e in v]):.1f})"
+                    for rate, v in sorted(by_rate.items())) + f" | {recipe.rate_kept(data['cells'], part, reader)} |")
     return "\n".join(lines)
 
 
@@ -479,11 +645,11 @@ def study_plot(data, path):
     for axis, task in zip(axes, TASKS):
         metric = METRIC[task]
         for offset, mode in zip((-0.2, 0.2), MODES):
-            values = [[c[metric] for c in data["cells"] if (c["task"], c["reader"], c["mode"]) == (task, r, mode)]
-                      for r in readers]
+            values = [kept_values(data, f"{task} {mode}", r, metric) for r in readers]
             means = [100 * np.mean(v) if v else 0 for v in values]
             errors = [100 * np.std(v, ddof=1) if len(v) > 1 else 0 for v in values]
-            axis.bar(np.arange(len(readers)) + offset, means, 0.4, yerr=errors, label=mode, capsize=3)
+            axis.bar(np.arange(len(readers)) + offset, means, 0.4, yerr=errors, label=f"{mode} (rate kept)",
+                     capsize=3)
         for number, (rule, scores) in enumerate(data["baselines"].get(task, {}).items()):
             axis.axhline(100 * scores[metric], linestyle=(":", "--")[number % 2], color="grey", label=rule)
         axis.set_xticks(np.arange(len(readers)), readers, rotation=35, ha="right", fontsize=8)
@@ -516,7 +682,7 @@ def main():
     for name, scores in baselines(config["task"], data).items():
         print(f"  baseline, {name}: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in scores.items()))
     if config["task"] == "retrieval":
-        scores = score_retrieval(backbone, data, pooling)
+        scores = evaluate(backbone, "retrieval", pooling, torch.nn.Identity(), data["eval"], data["candidates"], [])
         print("  frozen pooled states, no training: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in scores.items()))
     results, t0, stopped = [], time.perf_counter(), False
     with StopSignals(immediate=True) as stop:

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 import objectives
-from experiments import study
+from experiments import metrics, study
 from experiments.equal_compute import flops_budget, machine_line, resolve_experiment, write_results
 from experiments.study_report import mean_std, plus_minus
 from infra.configurator import QUICK_NOTE, UserError, run_main
@@ -83,14 +83,14 @@ def crossing(multiples, values, target, lower_is_better):
 def scores(name, model, windows, blanks, specials, s, probe_windows, seed):
     """The metrics one trained run is compared on (the module's docstring)."""
     b = s["bayes_windows"]  # gpt's exact-Bayes cloze reads these windows only: every reader is scored on them
-    cloze = study.cloze_accuracy(name, model, windows[:b], blanks[:b], specials, b)
+    cloze = metrics.cloze_accuracy(name, model, windows[:b], blanks[:b], specials, b)
     out = {"cloze": cloze.get("both sides (exact Bayes)", cloze.get("both sides"))}
     if name != "bert":  # (bert's chain-rule bits are compared with nothing here: T/2 passes a window saved)
-        bits, extra = study.second_half_bits(name, model, windows, specials, torch.Generator().manual_seed(seed))
+        bits, extra = metrics.second_half_bits(name, model, windows, specials, torch.Generator().manual_seed(seed))
         out.update(bits=bits, elbo_bits=extra.get("elbo_bits", bits))  # gpt's bits are exact: its own bound
     if name in ("gpt", "bert"):
-        out["probe"] = study.correction_probe(model, *probe_windows, specials.num_ordinary, seed,
-                                              task="next character")[0]
+        out["probe"] = metrics.correction_probe(model, *probe_windows, specials.num_ordinary, seed,
+                                                task="next character")[0]
     return out
 
 
@@ -107,8 +107,9 @@ def report(data):
               f"first {s['bayes_windows']} evaluation windows for every reader (gpt's exact Bayes costs a forward "
               f"pass per candidate character). Every cell is mean +- std over the seeds; [k/n] = runs past the plateau control "
               f"(own validation loss at least {control['margin']:g} nats under its context-free reference: "
-              + ", ".join(f"{n} {v:.3f}" for n, v in control["reference"].items()) + " nats; study.py says how it "
-              f"is computed).", ""]
+              + ", ".join(f"{n} {v:.3f}" for n, v in control["reference"].items())
+              + " nats; experiments/metrics.py says how it "
+              "is computed).", ""]
     header = "| model, metric | " + " | ".join(f"{m:g} x" for m in multiples) + " |"
     lines += [header, "|---|" + "---|" * len(multiples)]
     for name, metric, label in (("gpt", "bits", "bits/char (exact)"), ("diffusion", "elbo_bits", "bits/char (ELBO)"),
@@ -223,7 +224,7 @@ def main():
     if trained is None:
         raise KeyboardInterrupt  # nothing is written: run_main says what is kept
     specials = objectives.Specials.from_meta(meta)
-    control = study.plateau_control(splits, meta, s, [by_name[name] for name in trained_multiples])
+    control = metrics.plateau_control(splits, meta, s, [by_name[name] for name in trained_multiples])
     windows, blanks, rng = study.evaluation_windows(splits, s, config["seed"], device)
     T = windows.size(1)
     probe_windows = (get_windows(splits["train"], 8 * s["eval_windows"], T - 1, rng).to(device),  # the study's
@@ -243,7 +244,7 @@ def main():
                           flush=True)
                 row = scores(name, result["model"].eval(), windows, blanks, specials, s, probe_windows, seed)
                 row.update(seed=seed, val_loss=result["val_loss"], flops=result["flops"],
-                           past_plateau=study.past_plateau(result["val_loss"], control, name))
+                           past_plateau=metrics.past_plateau(result["val_loss"], control, name))
                 data["runs_by_multiple"][name].setdefault(f"{m:g}", []).append(row)
     except KeyboardInterrupt:
         interrupted = True

@@ -23,7 +23,7 @@ the training loss with t stratified over the batch (training's, MDLM's low-discr
 independently per row, and fixed (no 1/t spread). Last, the initialisation scale (train.py's init_std): half and
 twice GPT-2's N(0, 0.02), for bert and diffusion with learned positions.
 A run leaves the plateau at the first evaluation where its validation loss is at least 0.3 nats under its
-objective's context-free reference (study.plateau_control, computed from the data: for bert and diffusion nearly
+objective's context-free reference (metrics.plateau_control, computed from the data: for bert and diffusion nearly
 what character frequencies give); the table gives that iteration per seed ("never" when it did not by the end) and
 the final loss.
 """
@@ -41,7 +41,7 @@ import torch
 import objectives
 from experiments.equal_compute import machine_line, resolve_experiment, train_all, write_results
 from experiments.study import SCALES as STUDY_SCALES
-from experiments.study import plateau_control
+from experiments.metrics import plateau_control
 from experiments.study_report import plus_minus
 from infra.configurator import QUICK_NOTE, UserError, run_main
 from infra.dataset import get_windows, load_dataset
@@ -134,7 +134,7 @@ def report(data, s):
               f"{sum(r['seconds'] for runs in data['variants'].values() for r in runs) / 60:.1f} min summed ("
               f"{sum(r['reused'] for runs in data['variants'].values() for r in runs)} of them reused from an earlier "
               f"run of the same settings). Control: own validation loss at least {control['margin']:g} nats "
-              f"under the objective's context-free reference (study.context_free_reference: what a predictor that "
+              f"under the objective's context-free reference (metrics.context_free_reference: what a predictor that "
               f"reads only the input token at its position reaches; character frequencies alone give "
               f"{control['character_frequencies_nats']:.3f}). 'left at' is the first evaluation under it, per "
               f"seed, as a share of the run's iterations (never: not by the end); 'final' is the validation loss at "

@@ -1,6 +1,8 @@
 """
 The equal-compute study's report (study.py): every table of study-<scale>.md and the plot, from the results dict
 study.main collects (the same dict it writes as study-<scale>.json). Numbers are means +- sample std over seeds.
+Also the line the experiments that fine-tune the study's checkpoints print about them (backbones_line: each one's
+pretraining loss against the study's plateau control).
 """
 import sys
 
@@ -8,7 +10,9 @@ if __name__ == "__main__":  # beside the commands, but not one: one line, not an
     sys.exit("study_report.py: a helper of study.py, not a command: "
              "experiments/README.md lists the commands")
 
+import json
 import math
+import os
 
 import numpy as np
 
@@ -34,6 +38,34 @@ def plus_minus(values, digits=3, percent=False):
         return "-"
     unit = "%" if percent else ""
     return f"{mean:.{digits}f}{unit}" + (f" +- {std:.{digits}f}" if std is not None else "")
+
+
+def plateau_threshold(study_dir, scale):
+    """The study's plateau control, {model: the validation loss a backbone must be under}, when study.py wrote it
+    (finetune.py --study's own pretraining does not)."""
+    path = os.path.join(study_dir, f"study-{scale}.json")
+    try:
+        with open(path) as f:
+            return json.load(f)["plateau_control"]["threshold"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def backbones_line(data):
+    """Each fine-tuned backbone's pretraining validation loss by seed, against the study's plateau control."""
+    threshold = data.get("plateau_threshold") or {}
+    out = []
+    for model in dict.fromkeys(k.split(",")[0] for k in data["checkpoints"]):
+        losses = [v["final_val_loss"] for k, v in data["checkpoints"].items() if k.startswith(model + ",")]
+        line = f"{model} " + ", ".join(f"{v:.3f}" for v in losses)
+        if model in threshold:
+            past = sum(v <= threshold[model] for v in losses)
+            line += f" (control {threshold[model]:.3f}: {past} of {len(losses)} past)"
+        out.append(line)
+    tail = "" if threshold else " (no plateau control recorded: experiments/study.py writes it)"
+    return ("The backbones' own validation loss at the end of pretraining, by seed, against the study's plateau "
+            "control (its own objective's context-free reference less the margin; a backbone above it learned no "
+            "context and gives no verdict): " + "; ".join(out) + "." + tail)
 
 
 def report(data, s, N, V):

@@ -229,19 +229,19 @@ def retrieval_scores(query, keys, candidates):
     return {"recall@1": float((rank == 1).mean()), "mrr": float((1.0 / rank).mean())}
 
 
-def candidate_sets(examples, seed=0):
-    """For each query: its own next line first, then CANDIDATES - 1 next lines of other pairs, drawn at random
+def candidate_sets(examples, seed=0, size=CANDIDATES):
+    """For each query: its own next line first, then size - 1 next lines of other pairs, drawn at random
     among those whose text differs from the right answer and from the query itself (overlapping pairs (a, b) and
     (b, c) would otherwise offer query b its own text, and a common line like "My lord." would tie with the
     right answer)."""
     rng = np.random.default_rng(seed)
     n = len(examples)
-    sets = np.zeros((n, CANDIDATES), dtype=np.int64)
+    sets = np.zeros((n, size), dtype=np.int64)
     for i, e in enumerate(examples):
         allowed = [j for j, other in enumerate(examples) if other["next"] not in (e["next"], e["text"])]
-        if len(allowed) < CANDIDATES - 1:
+        if len(allowed) < size - 1:
             raise UserError(f"only {len(allowed)} distinct candidate lines for retrieval: use more examples")
-        sets[i] = [i] + list(rng.choice(allowed, size=CANDIDATES - 1, replace=False))
+        sets[i] = [i] + list(rng.choice(allowed, size=size - 1, replace=False))
     return sets
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from conftest import ROOT, children_of, run_killing_the_resource_tracker, run_script
-from experiments import encoder_tasks, encoders, encoders_report
+from experiments import encoder_tasks, encoders, encoders_report, recipe
 from experiments.finetune import Backbone, hidden_states
 from model import ModelConfig, Transformer
 
@@ -122,10 +122,10 @@ def test_recall_mrr_hits_and_hard_negatives_against_plain_counts():
 
 def test_a_failing_control_reads_failed():
     rule = 0.5
-    passed = encoders_report.control_outcome({"a": [0.8, 0.82, 0.81], "b": [0.9, 0.55, 0.7]}, rule)
+    passed = recipe.control_outcome({"a": [0.8, 0.82, 0.81], "b": [0.9, 0.55, 0.7]}, rule)
     assert passed["best"] == "a" and passed["passed"]  # b's mean is lower
-    assert not encoders_report.control_outcome({"a": [0.60, 0.61, 0.59]}, rule)["passed"]  # 0.60 - 0.01 < 0.6
-    assert not encoders_report.control_outcome({"a": [0.9, 0.5, 0.7]}, rule)["passed"]  # its std eats the margin
+    assert not recipe.control_outcome({"a": [0.60, 0.61, 0.59]}, rule)["passed"]  # 0.60 - 0.01 < 0.6
+    assert not recipe.control_outcome({"a": [0.9, 0.5, 0.7]}, rule)["passed"]  # its std eats the margin
     data = {"rules": {"retrieval": {"n-gram cosine": {"recall@1": 0.5, "hits@1": 0.5}},
                       "judge": {"n-gram logistic regression": 0.5}},
             "cells": [{"part": "retrieval", "reader": "bert (mean)", "seed": s, "recall@1": 0.55} for s in range(3)]}
@@ -274,7 +274,7 @@ def test_the_experiment_runs_end_to_end(char_dataset, tmp_path):
     assert len(grid) == planned and set(data["controls"]) == {"retrieval", "reranking", "judge"}
     beyond = [c for c in data["cells"] if c not in grid]  # the grid grown past a rate kept at its edge, never more
     assert all(c["learning rate"] in encoders.SCALES["quick"]["grown"] for c in beyond)
-    assert not encoders.grow(data["cells"], encoders.SCALES["quick"], data["seeds"])
+    assert not recipe.grow(data["cells"], encoders.SCALES["quick"]["grown"], data["seeds"])
     assert "## 5. The rate grid" in text and "rate kept" in text
     again = run_script("experiments/encoders.py", "--quick", f"--out_dir={tmp_path}", f"--dataset={char_dataset}",
                        f"--study_dir={tmp_path / 'study'}", "--reuse=True")  # every cell kept: none runs again
@@ -613,11 +613,11 @@ def test_the_rate_is_chosen_on_the_tuning_items_over_seeds_never_on_the_evaluati
                   {"part": "judge", "reader": "bert (mean)", "seed": seed, "learning rate": 3e-3,
                    "tuning": tuning_high, "accuracy": 0.6 + seed / 100}]
     data = {"cells": cells, "settings": {"rates": [1e-3, 3e-3]}}
-    assert encoders_report.kept_rates(cells) == {("judge", "bert (mean)"): 3e-3}  # mean 0.567 against 0.4
+    assert recipe.kept_rates(cells) == {("judge", "bert (mean)"): 3e-3}  # mean 0.567 against 0.4
     assert encoders_report.values(data, "judge", "bert (mean)", "accuracy") == [0.61, 0.62, 0.63]
-    assert encoders_report.rate_kept(data, "judge", "bert (mean)") == "0.003 (edge)"
+    assert recipe.rate_kept(data["cells"], "judge", "bert (mean)") == "0.003 (edge)"
     tie = [dict(c, tuning=0.5) for c in cells]
-    assert encoders_report.kept_rates(tie) == {("judge", "bert (mean)"): 1e-3}  # a tie keeps the lower rate
+    assert recipe.kept_rates(tie) == {("judge", "bert (mean)"): 1e-3}  # a tie keeps the lower rate
     probe = [{"part": "probe", "reader": "gpt (mean)", "seed": 1, "balanced accuracy": 0.5}]  # frozen: no rate
     assert encoders_report.values({"cells": probe}, "probe", "gpt (mean)", "balanced accuracy") == [0.5]
 
@@ -625,7 +625,7 @@ def test_the_rate_is_chosen_on_the_tuning_items_over_seeds_never_on_the_evaluati
 def test_the_schedule_warms_up_then_decays_to_zero():
     """rate_factor: linear from 1/w to 1 over the first w = 10% of the steps, then linear to 0; and train() steps
     the optimiser at exactly those rates."""
-    factors = [encoders.rate_factor(step, 100, 0.1) for step in range(100)]
+    factors = [recipe.rate_factor(step, 100, 0.1) for step in range(100)]
     assert factors[0] == pytest.approx(0.1) and factors[9] == 1.0 and factors[10] == 1.0
     assert all(a <= b for a, b in zip(factors[:10], factors[1:10])) and factors[-1] == pytest.approx(1 / 90)
     assert all(a > b for a, b in zip(factors[10:], factors[11:]))
@@ -640,10 +640,10 @@ def test_the_schedule_warms_up_then_decays_to_zero():
     loss = lambda rng: head(encoders.embed(backbone, ["to be or"], "mean")).sum()  # noqa: E731
     try:
         torch.optim.AdamW.step = watched
-        encoders.train(backbone, head, 8, s, loss, False, 0)
+        recipe.train(backbone, head, 8, s, loss, False, 0)
     finally:
         torch.optim.AdamW.step = real_step
-    expected = [encoders.rate_factor(step, 8, 0.25) for step in range(8)]
+    expected = [recipe.rate_factor(step, 8, 0.25) for step in range(8)]
     assert [pytest.approx([1e-3 * f, 3e-3 * f]) for f in expected] == seen
 
 
@@ -673,12 +673,12 @@ def test_the_grid_grows_past_a_rate_kept_at_its_edge_once():
     top = cells("gpt (last)", {3e-4: 0.1, 1e-3: 0.2, 3e-3: 0.3})
     low = cells("bert (mean)", {3e-4: 0.3, 1e-3: 0.2, 3e-3: 0.1})
     inside = cells("t5 (mean)", {3e-4: 0.1, 1e-3: 0.3, 3e-3: 0.2})
-    assert sorted(encoders.grow(top + low + inside, s, [1, 2])) == sorted(
+    assert sorted(recipe.grow(top + low + inside, s["grown"], [1, 2])) == sorted(
         [("retrieval", "gpt", "last", 1, 1e-2), ("retrieval", "gpt", "last", 2, 1e-2),
          ("retrieval", "bert", "mean", 1, 1e-4), ("retrieval", "bert", "mean", 2, 1e-4)])
     grown = top + cells("gpt (last)", {1e-2: 0.5})  # still best at the new edge: reported there, not grown again
-    assert encoders.grow(grown, s, [1, 2]) == []
+    assert recipe.grow(grown, s["grown"], [1, 2]) == []
     data = {"cells": grown, "settings": s}
-    assert encoders_report.rate_kept(data, "retrieval", "gpt (last)") == "0.01 (edge)"
+    assert recipe.rate_kept(data["cells"], "retrieval", "gpt (last)") == "0.01 (edge)"
     data = {"cells": top + cells("gpt (last)", {1e-2: 0.05}), "settings": s}
-    assert encoders_report.rate_kept(data, "retrieval", "gpt (last)") == "0.003"  # no longer at the edge of what was tried
+    assert recipe.rate_kept(data["cells"], "retrieval", "gpt (last)") == "0.003"  # no longer at the edge of what was tried

@@ -227,3 +227,122 @@ def test_a_checkpoint_in_the_study_folder_is_reused_only_if_it_is_that_run(char_
                        ("dataset", "another"), ("seed", 1338), ("learning_rate", 1e-3), ("max_flops", 1.0)):
         assert differs(dict(expected, **{key: value})).startswith(f"{key}={value!r}"), key
     assert "FLOPs of its budget" in differs(dict(expected), budget / 2)
+
+
+# ----------------------------------------------------------------------------- the study's recipe (claims B2, X1, E3)
+
+def test_the_tuning_items_are_held_out_of_the_training_examples_and_are_no_evaluation_example(texts):
+    """A rate is chosen on tuning items: the last quarter of the training examples (at most limits["tune"]),
+    which the reader is never trained on, and none of which is an evaluation example."""
+    s = dict(finetune.STUDY_SCALES["quick"], seed=0, limits=dict(finetune.STUDY_SCALES["quick"]["limits"], tune=12))
+    held = finetune.study_tasks(texts, s)
+    for task in tasks.TASKS:
+        whole = tasks.make_task(task, texts, s["max_chars"], 0, s["limits"])
+        n = min(12, len(whole["train"]) // 4)
+        assert held[task]["train"] + held[task]["tune"] == whole["train"] and len(held[task]["tune"]) == n, task
+        assert held[task]["eval"] == whole["eval"], task
+        key = (lambda e: (e["text"], e["next"])) if task == "retrieval" else (lambda e: (e["text"], e["start"]))
+        assert not {key(e) for e in held[task]["tune"]} & {key(e) for e in held[task]["eval"]}, task
+    candidates = held["retrieval"]["tune_candidates"]
+    assert candidates.shape == (12, 6) and (candidates[:, 0] == np.arange(12)).all()
+
+
+@pytest.mark.parametrize("mode", finetune.MODES)
+def test_a_cell_trains_on_the_training_examples_and_scores_the_tuning_and_evaluation_ones(
+        mode, gpt_checkpoint, texts, monkeypatch):
+    """run_cell reads only the training examples while it trains, then scores the evaluation examples and
+    the tuning ones ("tuning", what the rate is chosen on), with the same head."""
+    s = dict(finetune.STUDY_SCALES["quick"], seed=0)
+    data = finetune.study_tasks(texts, s)["speaker"]
+    read, real = [], finetune.features_of
+    monkeypatch.setattr(finetune, "features_of", lambda b, texts, pooling: read.append(texts) or real(b, texts, pooling))
+    encoded, real_encode = [], finetune.Backbone.encode
+    monkeypatch.setattr(finetune.Backbone, "encode", lambda self, texts: encoded.extend(texts) or real_encode(self, texts))
+    config = dict(finetune.DEFAULTS, steps=3, probe_steps=5)
+    scores = finetune.run_cell(finetune.Backbone(gpt_checkpoint, "cpu"), "speaker", mode, "last", data, 0, config,
+                               stop=False)
+    train, evaluation, tune = ([e["text"] for e in data[k]] for k in ("train", "eval", "tune"))
+    assert read[-2:] == [evaluation, tune]  # scored last: evaluation, then tuning
+    seen_in_training = read[:-2] + ([encoded[:-len(evaluation) - len(tune)]] if mode == "full" else [])
+    assert all(set(batch) <= set(train) for batch in seen_in_training) and any(seen_in_training)
+    assert set(scores) == {"accuracy", "balanced accuracy", "tuning"} and 0 <= scores["tuning"] <= 1
+
+
+def test_the_study_reports_each_reader_at_the_rate_its_tuning_score_chose():
+    """The table's score of a reader is its evaluation score at the rate of best mean tuning score over seeds,
+    even where the evaluation favours another rate; the row's control compares that score with the rule."""
+    cells = []
+    for seed, low, high in ((1, 0.9, 0.5), (2, 0.1, 0.6), (3, 0.2, 0.6)):  # the low rate wins one seed only
+        for rate, tuning, accuracy in ((1e-3, low, 0.99), (3e-3, high, 0.7 + seed / 100)):
+            cells.append({"part": "tampered full", "task": "tampered", "mode": "full", "reader": "bert (mean)",
+                          "seed": seed, "learning rate": rate, "tuning": tuning, "accuracy": accuracy})
+    data = {"cells": cells, "baselines": {"tampered": {"character n-gram logistic regression": {"accuracy": 0.55}}}}
+    assert finetune.kept_values(data, "tampered full", "bert (mean)", "accuracy") == [0.71, 0.72, 0.73]
+    control = finetune.study_controls(data)["tampered full"]
+    assert control["best"] == "bert (mean)" and control["passed"]  # 0.72 - 0.01 >= 0.55 + 0.10
+    data["baselines"]["tampered"]["character n-gram logistic regression"]["accuracy"] = 0.62
+    assert not finetune.study_controls(data)["tampered full"]["passed"]
+
+
+def test_a_rate_grown_to_is_finished_on_every_seed_when_a_stopped_run_goes_on():
+    """recipe.grow offers a rate past the grid's edge once; a run stopped after one seed of it goes on with the
+    others (recipe.begun), so no rate is kept on one seed's score."""
+    from experiments import recipe
+    cells = [{"part": "speaker full", "reader": "gpt (last)", "seed": seed, "learning rate": rate, "tuning": score}
+             for seed in (1, 2) for rate, score in ((1e-3, 0.1), (3e-3, 0.2))]
+    cells.append({"part": "speaker full", "reader": "gpt (last)", "seed": 1, "learning rate": 1e-2, "tuning": 0.3})
+    assert recipe.grow(cells, (3e-4, 1e-2), [1, 2]) == []  # the grown rate is tried: not offered again
+    plan = [("speaker full", "gpt", "last", seed, rate) for seed in (1, 2) for rate in (1e-3, 3e-3)]
+    plan += [cell for cell in recipe.begun(cells, [1, 2]) if cell not in plan]
+    assert recipe.missing(plan, cells) == [("speaker full", "gpt", "last", 2, 1e-2)]
+
+
+def test_the_share_of_tuning_items_that_hold_a_training_line_is_counted():
+    data = {"train": [{"text": "a b\nc d"}, {"text": "e f", "next": "g h"}],
+            "tune": [{"text": "c d\nx y"}, {"text": "x", "next": "g h"}, {"text": "new line"}, {"text": " a b "}]}
+    assert finetune.shared_with_training(data) == 0.75  # "c d", "g h" (a next line), "a b" (spaces stripped)
+
+
+def test_the_study_refuses_a_rate_its_grid_chooses(char_dataset, tmp_path):
+    result = run_script("experiments/finetune.py", "--study", "--quick", "--learning_rate=1e-3",
+                        f"--dataset={char_dataset}", f"--out_dir={tmp_path}")
+    assert result.returncode != 0 and result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
+    assert "--learning_rate is for one fine-tuning run" in result.stderr and not list(tmp_path.iterdir())
+
+
+def test_a_stopped_study_writes_beside_the_whole_result_and_goes_on_from_it(char_dataset, tmp_path, monkeypatch):
+    """A stop writes the cells that finished to finetune-quick-partial.* (status 130), never over the whole
+    result; the same command goes on from them, runs only the rest, and then replaces the whole result, leaving no
+    partial file and no "Interrupted" note."""
+    import sys
+    folders = {(model, 1337): f"run-{model}" for model, _ in finetune.READERS}
+    monkeypatch.setattr(finetune, "study_backbones", lambda *args: (folders, {
+        f"{model}, seed 1337": {"final_val_loss": 2.0, "written": 0} for model, _ in folders}))
+    monkeypatch.setattr(finetune, "Backbone", lambda folder, device: None)
+    monkeypatch.setattr(finetune, "evaluate", lambda *args: {"recall@1": 0.01, "mrr": 0.05})
+    ran, stop_at = [], [5]
+
+    def cell(backbone, task, mode, pooling, data, seed, config, stop):
+        if len(ran) == stop_at[0]:
+            raise KeyboardInterrupt
+        ran.append((task, mode, pooling))
+        metric = {"speaker": "balanced accuracy", "tampered": "accuracy", "retrieval": "recall@1"}[task]
+        return {metric: 0.5, "accuracy": 0.5, "mrr": 0.1, "tuning": 0.5}
+    monkeypatch.setattr(finetune, "run_cell", cell)
+    whole = tmp_path / "finetune-quick.md"
+    whole.write_text("a complete run's table\n")
+    monkeypatch.setattr(sys, "argv", ["finetune.py", "--study", "--quick", f"--out_dir={tmp_path}",
+                                      f"--dataset={char_dataset}"])
+    with pytest.raises(SystemExit) as ended:
+        finetune.main()
+    assert ended.value.code == 130 and whole.read_text() == "a complete run's table\n"
+    partial = json.loads((tmp_path / "finetune-quick-partial.json").read_text())
+    assert len(partial["cells"]) == 5 and "Interrupted" in partial["notes"][0]
+    stop_at[0] = None
+    finetune.main()
+    done = json.loads((tmp_path / "finetune-quick.json").read_text())
+    cells = len(tasks.TASKS) * len(finetune.READERS) * sum(len(finetune.STUDY_SCALES["quick"][k])
+                                                           for k in ("rates", "probe_rates"))
+    assert len(ran) == len(done["cells"]) == cells and "notes" not in done  # each cell once, the 5 kept
+    assert not [p.name for p in tmp_path.iterdir() if "partial" in p.name]
+    assert "Interrupted" not in whole.read_text() and "a complete run" not in whole.read_text()

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import objectives
 import train
-from experiments import equal_compute, study
+from experiments import equal_compute, metrics, study
 from experiments.study_report import past_the_plateau
 
 V, T, N = 12, 24, 32  # text vocabulary, window length, windows
@@ -87,8 +87,8 @@ def unigram(probabilities):
 
 
 def bits(name, arch, rule, windows, generator_seed=0):
-    return study.second_half_bits(name, StandIn(arch, rule), windows, SPECIALS,
-                                  torch.Generator().manual_seed(generator_seed))
+    return metrics.second_half_bits(name, StandIn(arch, rule), windows, SPECIALS,
+                                    torch.Generator().manual_seed(generator_seed))
 
 
 # ----------------------------------------------------------------------------- the common metric and the ELBO
@@ -145,7 +145,7 @@ def test_the_prefixlm_metric_scores_only_what_its_prefix_hides():
     reader that copies what its prefix shows has nothing and scores log2 V. A prefix one character longer would
     show it the first scored character (0 bits there)."""
     windows = counting_windows()
-    score, _ = study.second_half_bits("prefixlm", PrefixPeeker(), windows, SPECIALS, torch.Generator())
+    score, _ = metrics.second_half_bits("prefixlm", PrefixPeeker(), windows, SPECIALS, torch.Generator())
     assert score == pytest.approx(math.log2(V), rel=1e-5)
 
 
@@ -215,7 +215,7 @@ def blanks_of(windows, k=3, seed=0):
 @pytest.mark.parametrize("rule, expected", [(from_left_neighbour, 1.0), (from_right_neighbour, 1.0)])
 def test_bert_cloze_sees_both_sides_of_the_blank(rule, expected):
     windows = counting_windows()
-    result = study.cloze_accuracy("bert", StandIn("bert", rule), windows, blanks_of(windows), SPECIALS, 0)
+    result = metrics.cloze_accuracy("bert", StandIn("bert", rule), windows, blanks_of(windows), SPECIALS, 0)
     assert result == {"both sides": expected}
 
 
@@ -224,7 +224,7 @@ def test_bert_cloze_hides_the_blank_itself():
     share of blanks whose character is 0. A blank left visible would give 100%."""
     windows = counting_windows()
     blanks = blanks_of(windows)
-    result = study.cloze_accuracy("bert", StandIn("bert", own_input), windows, blanks, SPECIALS, 0)
+    result = metrics.cloze_accuracy("bert", StandIn("bert", own_input), windows, blanks, SPECIALS, 0)
     assert result["both sides"] == pytest.approx((windows.gather(1, blanks) == 0).float().mean().item())
 
 
@@ -239,7 +239,7 @@ def test_t5_cloze_reads_the_sentinel_from_both_sides():
         out[:, 1] = (right - 1) % V
         return out
 
-    assert study.cloze_accuracy("t5", StandIn("t5", rule), windows, blanks_of(windows), SPECIALS, 0) == \
+    assert metrics.cloze_accuracy("t5", StandIn("t5", rule), windows, blanks_of(windows), SPECIALS, 0) == \
         {"both sides": 1.0}
 
 
@@ -290,7 +290,7 @@ def test_gpt_cloze_left_only_and_exact_bayes_against_a_brute_force_joint():
     windows = pairs_windows()
     blanks = blanks_of(windows, k=4)
     model, copy = pairs_markov_model()
-    result = study.cloze_accuracy("gpt", model, windows, blanks, SPECIALS, bayes_windows=N)
+    result = metrics.cloze_accuracy("gpt", model, windows, blanks, SPECIALS, bayes_windows=N)
     odd = (blanks % 2 == 1).float()
     truth = windows.gather(1, blanks)
     left_only = (odd + (1 - odd) * (truth == 0).float()).mean().item()  # even: uniform, argmax = id 0
@@ -307,10 +307,10 @@ def test_prefixlm_cloze_reads_only_the_left_of_the_blank():
     knows the rule from the left is exact."""
     windows = counting_windows()
     blanks = blanks_of(windows)
-    peeked = study.cloze_accuracy("prefixlm", PrefixPeeker(), windows, blanks, SPECIALS, 0)["left only"]
+    peeked = metrics.cloze_accuracy("prefixlm", PrefixPeeker(), windows, blanks, SPECIALS, 0)["left only"]
     assert peeked == pytest.approx((windows.gather(1, blanks) == 0).float().mean().item())
-    assert study.cloze_accuracy("prefixlm", StandIn("prefixlm", successor), windows, blanks, SPECIALS,
-                                0)["left only"] == 1.0
+    assert metrics.cloze_accuracy("prefixlm", StandIn("prefixlm", successor), windows, blanks, SPECIALS,
+                                  0)["left only"] == 1.0
 
 
 def test_the_character_frequency_references_by_hand(tmp_path):
@@ -324,7 +324,7 @@ def test_the_character_frequency_references_by_hand(tmp_path):
     blanks = blanks_of(windows)
     counts = np.bincount(train, minlength=V)
     p = (counts + 1) / (counts + 1).sum()
-    reference = study.unigram_reference(str(tmp_path / "train.bin"), windows, blanks, V)
+    reference = metrics.unigram_reference(str(tmp_path / "train.bin"), windows, blanks, V)
     assert reference["bits_per_char"] == pytest.approx(-np.log2(p[windows[:, T // 2:].numpy()]).mean(), rel=1e-9)
     assert reference["cloze"] == pytest.approx((windows.gather(1, blanks).numpy() == counts.argmax()).mean())
 
@@ -340,8 +340,8 @@ def test_the_correction_probes_rule_is_learned_from_the_training_positions():
     train_windows[:, ::5] = 0
     test_windows = torch.ones(N, T, dtype=torch.long)
     test_windows[:N // 4] = 2
-    _, rule = study.correction_probe(OneHotStates(), train_windows, test_windows, V, seed=0, task="next character",
-                                     steps=5)
+    _, rule = metrics.correction_probe(OneHotStates(), train_windows, test_windows, V, seed=0, task="next character",
+                                       steps=5)
     assert rule == pytest.approx(0.25)
 
 
@@ -363,7 +363,7 @@ def test_character_frequencies_are_counted_from_the_data(tmp_path):
     np.array([0, 1, 2, 2], dtype=np.uint16).tofile(tmp_path / "val.bin")
     p = np.array([7, 3, 1]) / 11  # add-one counts 6+1, 2+1, 0+1
     expected = -(np.log(p[0]) + np.log(p[1]) + 2 * np.log(p[2])) / 4
-    nats = study.character_frequency_nats(str(tmp_path / "train.bin"), str(tmp_path / "val.bin"), 3)
+    nats = metrics.character_frequency_nats(str(tmp_path / "train.bin"), str(tmp_path / "val.bin"), 3)
     assert nats == pytest.approx(expected, rel=1e-12)
 
 
@@ -383,17 +383,17 @@ def test_the_plateau_control_is_what_a_context_free_predictor_reaches(tmp_path):
     s = dict(batch_size=8, block_size=16)
     models = [("gpt", "gpt", "clm", {}), ("all-mask", "bert", "mlm", {"mlm_mask_fraction": 1.0,
                                                                      "mlm_random_fraction": 0.0})]
-    control = study.plateau_control(splits, meta, s, models)
+    control = metrics.plateau_control(splits, meta, s, models)
     assert control["reference"]["gpt"] < 0.01  # the bigram of "abab" is certain
     V = meta["vocab_size"]  # add-one over the whole vocabulary: a little over log 2
     assert math.log(2) < control["reference"]["all-mask"] < math.log(2) + 0.01 * V
-    assert control["threshold"] == {k: v - study.PLATEAU_MARGIN for k, v in control["reference"].items()}
-    assert study.PLATEAU_MARGIN == 0.3
+    assert control["threshold"] == {k: v - metrics.PLATEAU_MARGIN for k, v in control["reference"].items()}
+    assert metrics.PLATEAU_MARGIN == 0.3
     reference = control["reference"]["all-mask"]
-    assert study.past_plateau(reference - 0.31, control, "all-mask")
-    assert not study.past_plateau(reference - 0.29, control, "all-mask")
-    assert not study.past_plateau(reference, control, "all-mask")  # what frequencies alone give: not learned
-    assert not study.past_plateau(None, control, "all-mask")  # diverged
+    assert metrics.past_plateau(reference - 0.31, control, "all-mask")
+    assert not metrics.past_plateau(reference - 0.29, control, "all-mask")
+    assert not metrics.past_plateau(reference, control, "all-mask")  # what frequencies alone give: not learned
+    assert not metrics.past_plateau(None, control, "all-mask")  # diverged
 
 
 def test_a_kept_rate_at_the_edge_of_its_grid_gets_the_next_rate_beyond():

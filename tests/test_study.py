@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from experiments import study
+from experiments import metrics, study
 
 from conftest import run_script
 
@@ -41,7 +41,7 @@ def test_study_quick_runs_end_to_end(char_dataset, tmp_path):
     # the positive control of every run: from the data's character frequencies, applied to its own val loss
     control = data["plateau_control"]
     for name, model in data["models"].items():
-        assert control["threshold"][name] == pytest.approx(control["reference"][name] - study.PLATEAU_MARGIN)
+        assert control["threshold"][name] == pytest.approx(control["reference"][name] - metrics.PLATEAU_MARGIN)
         assert all(run["past_plateau"] == (run["val_loss"] <= control["threshold"][name]) for run in model["seeds"])
     # the budget sweep and the C2 ablation: each share of the budget really spent (within one step)
     for name, by_share in data["budget"].items():
@@ -110,7 +110,7 @@ def test_study_quick_runs_end_to_end(char_dataset, tmp_path):
 
 
 class FixedStates:
-    """A stand-in model for study.correction_probe whose final states are fixed features of its input: one-hot of
+    """A stand-in model for metrics.correction_probe whose final states are fixed features of its input: one-hot of
     the character itself (no context), or of its left and right neighbours (context)."""
 
     def __init__(self, vocab_size, context):
@@ -131,21 +131,21 @@ def test_correction_probe_reads_what_the_states_hold():
     starts = torch.randint(0, 5, (600, 1), generator=torch.Generator().manual_seed(0))
     windows = (starts + torch.arange(40)) % 5  # (600, 40), characters 0..4 of a vocabulary of 7
     train, test = windows[:400], windows[400:]
-    inputs, replaced = study.corrupt_without_mask(train, V, torch.Generator().manual_seed(1))
+    inputs, replaced = metrics.corrupt_without_mask(train, V, torch.Generator().manual_seed(1))
     assert 0.10 < replaced.float().mean() < 0.15 and (inputs[replaced] != train[replaced]).all()  # 15% x 6/7 changed
     assert torch.equal(inputs[~replaced], train[~replaced])
-    with_context, rule = study.correction_probe(FixedStates(V, context=True), train, test, V, seed=0)
-    without, _ = study.correction_probe(FixedStates(V, context=False), train, test, V, seed=0)
+    with_context, rule = metrics.correction_probe(FixedStates(V, context=True), train, test, V, seed=0)
+    without, _ = metrics.correction_probe(FixedStates(V, context=False), train, test, V, seed=0)
     assert with_context > 0.9, with_context  # both neighbours replaced too: rare
     assert without < 0.35, without  # about 1/5: the replacement says nothing of the original
     assert 0.1 < rule < 0.3  # the most frequent original: one of five about equally frequent characters
     # the next character, on random text: it is in the input one position to the right, so states that hold the
     # neighbours name it, states that hold only the character itself do no better than the most frequent one
     text = torch.randint(0, 5, (600, 40), generator=torch.Generator().manual_seed(2))
-    with_context, _ = study.correction_probe(FixedStates(V, context=True), text[:400], text[400:], V, 0,
+    with_context, _ = metrics.correction_probe(FixedStates(V, context=True), text[:400], text[400:], V, 0,
+                                               "next character")
+    without, rule = metrics.correction_probe(FixedStates(V, context=False), text[:400], text[400:], V, 0,
                                              "next character")
-    without, rule = study.correction_probe(FixedStates(V, context=False), text[:400], text[400:], V, 0,
-                                           "next character")
     assert with_context > 0.99, with_context
     assert without < 0.3 and abs(without - rule) < 0.05, (without, rule)
 

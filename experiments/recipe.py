@@ -1,0 +1,201 @@
+"""
+One fine-tuning recipe for every reader (experiments/encoders.py and experiments/finetune.py --study): a verdict
+about an architecture should not be a verdict about the recipe that fine-tuned it.
+
+- the same steps and batch for every reader, AdamW with a linear warmup over the first steps, then linear to 0;
+- every rate of a small grid on every seed; the rate kept for a reader is the one of best mean score over seeds on
+  tuning items held out of the training ones (never an evaluation item); a reader whose best rate is at the edge
+  of the grid is tried once at the rate past that edge;
+- each (part, reader, seed, rate) is one cell, run here or in worker processes (--jobs).
+
+A cell is a tuple (part, model, how, seed, rate); running it gives (cell, result), the result a dict with the
+scores, "tuning" (the score the rate is chosen on) and "learning rate"; a finished cell as the caller keeps it holds
+"part", "reader" ("model (how)"), "seed" and the result.
+"""
+import contextlib
+import multiprocessing
+import multiprocessing.connection
+import signal
+import traceback
+
+import numpy as np
+import torch
+
+from experiments.study_report import mean_std
+from infra.configurator import Failure, UserError
+
+CONTROL_MARGIN = 0.10  # a part's positive control: its best reader (mean - std) this far above the spelling rule
+
+
+# ----------------------------------------------------------------------------- the schedule and the loop
+
+def rate_factor(step, steps, warmup):
+    """The fine-tuning schedule, the same for every reader: a linear warmup over the first `warmup` share of the
+    steps (the first steps of a fresh head would otherwise shake the pretrained weights), then linear to 0."""
+    w = max(1, round(warmup * steps))
+    return (step + 1) / w if step < w else max(0.0, (steps - step) / max(1, steps - w))
+
+
+def train(backbone, head, steps, s, batch_loss, stop, seed):
+    """`steps` of AdamW on the backbone (s["learning_rate"], one rate of the grid) and the head
+    (s["head_learning_rate"]), both on rate_factor's schedule; batch_loss(rng) draws a batch, returns its loss.
+    backbone None: the head alone trains (on frozen features)."""
+    groups = []
+    if backbone is not None:
+        backbone.model.train()
+        groups.append({"params": backbone.model.parameters(), "lr": s["learning_rate"]})
+    if head is not None:
+        groups.append({"params": head.parameters(), "lr": s["head_learning_rate"]})
+    optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: rate_factor(step, steps, s["warmup"]))
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        if stop:
+            raise KeyboardInterrupt
+        loss = batch_loss(rng)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+    if backbone is not None:
+        backbone.model.eval()
+
+
+# ----------------------------------------------------------------------------- the rate kept, the grid grown
+
+def kept_rates(cells):
+    """{(part, reader): the rate of the grid whose mean tuning score over seeds is best} (on a tie the lower): the
+    rate is chosen on items held out of the training ones, never on the evaluation items."""
+    scores = {}
+    for c in cells:
+        if "tuning" in c:
+            scores.setdefault((c["part"], c["reader"]), {}).setdefault(c["learning rate"], []).append(c["tuning"])
+    return {key: max(sorted(by_rate), key=lambda rate: np.mean(by_rate[rate])) for key, by_rate in scores.items()}
+
+
+def tried_rates(cells, part, reader):
+    return sorted({c["learning rate"] for c in cells if (c["part"], c["reader"]) == (part, reader)
+                   and "learning rate" in c})
+
+
+def rate_kept(cells, part, reader):
+    """The rate kept for a reader as text, marked when it is still the lowest or highest it was tried at."""
+    rate, tried = kept_rates(cells).get((part, reader)), tried_rates(cells, part, reader)
+    if rate is None:
+        return "-"
+    return f"{rate:g}" + (" (edge)" if len(tried) > 1 and rate in (tried[0], tried[-1]) else "")
+
+
+def grow(cells, grown, seeds):
+    """The cells that grow the grid: a reader whose kept rate is the lowest (highest) it was tried at is tried at
+    grown[part][0] ([1]), the one rate past the grid on that side, on every seed (once: a rate kept there is
+    reported at the edge). grown: {part: (below, above)}, or one pair for every part."""
+    out = []
+    for (part, reader), rate in kept_rates(cells).items():
+        tried = tried_rates(cells, part, reader)
+        below, above = grown[part] if isinstance(grown, dict) else grown
+        for edge, beyond in ((tried[0], below), (tried[-1], above)):
+            if rate == edge and beyond not in tried:
+                model, how = reader[:-1].split(" (")
+                out += [(part, model, how, seed, beyond) for seed in seeds]
+    return out
+
+
+def begun(cells, seeds):
+    """The cells of every seed for each (part, reader, rate) a finished cell has: a rate an earlier run grew to is
+    finished on every seed even where that run stopped half-way (grow offers a rate once)."""
+    return list(dict.fromkeys((c["part"], *c["reader"][:-1].split(" ("), seed, c.get("learning rate"))
+                              for c in cells for seed in seeds))
+
+
+def missing(plan, cells):
+    """The cells of the plan not among those finished."""
+    done = {(c["part"], c["reader"], c["seed"], c.get("learning rate")) for c in cells}
+    return [cell for cell in plan if (cell[0], f"{cell[1]} ({cell[2]})", cell[3], cell[4]) not in done]
+
+
+def control_outcome(values, rule):
+    """A part's positive control: its best reader's mean - std (over seeds) at least CONTROL_MARGIN above the
+    spelling rule's score. values: {reader: [score per seed]}."""
+    best = max(values, key=lambda reader: np.mean(values[reader]))
+    mean, std = mean_std(values[best])
+    passed = mean - (std or 0.0) >= rule + CONTROL_MARGIN
+    return {"best": best, "mean": mean, "std": std, "rule": rule, "passed": bool(passed)}
+
+
+# ----------------------------------------------------------------------------- cells in worker processes
+
+def worker(connection, prepare, arguments, run, threads):
+    """A worker process of finished_cells: prepare(*arguments) once (the tasks, the same seed: the same items), then
+    run(cell, False) for each cell it is sent, sending back ("done", its result), or ("refused", the one line) for a
+    UserError or Failure, or ("bug", the traceback), until it is sent None or its parent is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent ends the workers
+    torch.set_num_threads(threads)
+    try:
+        prepare(*arguments)
+        while True:
+            try:
+                cell = connection.recv()
+            except EOFError:  # the parent is gone: nothing to tell
+                return
+            if cell is None:
+                return
+            connection.send(("done", run(cell, False)))
+    except (UserError, Failure) as e:  # the parent says it in one line, as if the cell had run there
+        message = ("refused", (type(e).__name__, str(e)))
+    except Exception:  # noqa: B902  (a bug: the parent shows where, in this process)
+        message = ("bug", traceback.format_exc())
+    with contextlib.suppress(OSError):
+        connection.send(message)
+
+
+def finished_cells(plan, jobs, run, stop, prepare=None, arguments=()):
+    """Yield run(cell) as the cells finish: here, one after another (the caller has prepared what run reads), or in
+    `jobs` worker processes that each call prepare(*arguments) first (spawned, not forked: a forked OpenMP runtime
+    can hang), each with its share of the threads. run and prepare: functions of a module (sent by name)."""
+    if jobs == 1:
+        for cell in plan:
+            yield run(cell, stop)
+        return
+    arguments = (prepare, arguments, run, max(1, torch.get_num_threads() // jobs))
+    context, waiting, workers, finished = multiprocessing.get_context("spawn"), list(plan), {}, False
+
+    def give(connection):  # the next cell, or None: the worker ends (a worker gone shows at its next read)
+        with contextlib.suppress(OSError):
+            connection.send(waiting.pop(0) if waiting else None)
+
+    # (pipes, not a multiprocessing pool: a pool's queues hold named semaphores, which the resource tracker cleans
+    # up, printing tracebacks if it was killed meanwhile)
+    try:
+        for _ in range(min(jobs, len(waiting))):
+            here, there = context.Pipe()
+            process = context.Process(target=worker, args=(there, *arguments), daemon=True)
+            process.start()
+            workers[here] = process
+            there.close()  # the worker holds the only other end: its end is the pipe's end of file
+            give(here)
+        busy = set(workers)
+        while busy:
+            for connection in multiprocessing.connection.wait(list(busy)):
+                try:
+                    kind, said = connection.recv()
+                except (EOFError, OSError):  # ended without a word (killed from outside, out of memory)
+                    workers[connection].join()
+                    raise Failure(f"a worker process ended with status {workers[connection].exitcode} (killed, "
+                                  f"or out of memory)") from None
+                if kind == "refused":
+                    raise (UserError if said[0] == "UserError" else Failure)(said[1])
+                if kind == "bug":
+                    raise RuntimeError(f"a worker process failed:\n{said}")
+                if not waiting:
+                    busy.discard(connection)
+                give(connection)
+                yield said
+        finished = True
+    finally:  # finished (each worker was sent None), stopped or failed: no worker is left behind
+        for process in workers.values():
+            if finished:
+                process.join(timeout=5)
+            if process.exitcode is None:
+                process.kill()
+                process.join()
