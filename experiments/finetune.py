@@ -7,7 +7,9 @@ size and recipe on judgements over a whole input (F3), on embeddings for retriev
     python experiments/finetune.py --init_from=bert-base-uncased --task=retrieval  # published (infra/pretrained.py)
     python experiments/finetune.py --study --jobs=2 # the study's gpt, bert, prefixlm, t5, diffusion x every task x
                                                     # mode x 3 seeds x every rate of the grid, two cells at a time:
-                                                    # RUN_MINUTES on 2 cores -> results/study/finetune-cpu.*
+                                                    # 106 minutes on 2 cores of an Intel Xeon (the test suite
+                                                    # beside it part of the time; 390 cells, 66 of them the grid
+                                                    # grown past its edge) -> results/study/finetune-cpu.*
     python experiments/finetune.py --study --quick  # seconds (the test suite runs it) -> out-quick/
 
 Tasks (tasks.py, made from the text of the prepared char-level dataset, training and evaluation examples from
