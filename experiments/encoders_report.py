@@ -6,7 +6,7 @@ cells (and the rules) of a run, so a result file can be rewritten from its JSON.
 """
 import numpy as np
 
-from experiments.recipe import CONTROL_MARGIN, control_outcome, kept_rates, rate_kept
+from experiments.recipe import CONTROL_MARGIN, control_outcome, kept_rates, kept_values, rate_kept
 from experiments.study_report import backbones_line, plus_minus
 from infra.configurator import QUICK_NOTE
 from infra.plots import pyplot, save
@@ -25,20 +25,13 @@ PARTS = {"probe": PROBE_READERS, "retrieval": BI_READERS, "flag-first": FLAG_FIR
 
 # ----------------------------------------------------------------------------- scores at the rate kept, the controls
 
-def values(data, part, reader, metric):
-    """A reader's score per seed, at the rate kept for it (the probe, a frozen reader, has no rate)."""
-    kept = kept_rates(data["cells"]).get((part, reader))
-    return [c[metric] for c in data["cells"] if (c["part"], c["reader"]) == (part, reader) and metric in c
-            and c.get("learning rate") == kept]
-
-
 def controls(data):
     """Each part's positive control, from the cells and the rules."""
     out = {}
     for part, metric, rule in (("retrieval", "recall@1", data["rules"]["retrieval"]["n-gram cosine"]["recall@1"]),
                                ("reranking", "hits@1", data["rules"]["retrieval"]["n-gram cosine"]["hits@1"]),
                                ("judge", "accuracy", data["rules"]["judge"]["n-gram logistic regression"])):
-        scores = {f"{name} ({how})": values(data, part, f"{name} ({how})", metric) for name, how in PARTS[part]}
+        scores = {f"{name} ({how})": kept_values(data, part, f"{name} ({how})", metric) for name, how in PARTS[part]}
         scores = {reader: v for reader, v in scores.items() if v}
         if scores:
             out[part] = control_outcome(scores, rule)
@@ -125,10 +118,10 @@ def report(data, s, scale):
               + " | rate kept | recall@1, flag first | its rate kept |", "|---|---|---|---|---|---|---|---|"]
     for name, how in BI_READERS:
         reader = f"{name} ({how})"
-        lines.append(f"| {reader} | " + " | ".join(pct(values(data, "retrieval", reader, m)) for m in
+        lines.append(f"| {reader} | " + " | ".join(pct(kept_values(data, "retrieval", reader, m)) for m in
                                                    ("recall@1", "mrr", "hard negative first", "hits@1"))
                      + f" | {rate_kept(data['cells'], 'retrieval', reader)} | "
-                       f"{pct(values(data, 'flag-first', reader, 'recall@1'))} | "
+                       f"{pct(kept_values(data, 'flag-first', reader, 'recall@1'))} | "
                        f"{rate_kept(data['cells'], 'flag-first', reader)} |")
     for rule, v in r["retrieval"].items():
         lines.append(f"| (rule) {rule} | {100 * v['recall@1']:.1f}% | {100 * v['mrr']:.1f}% | "
@@ -154,8 +147,8 @@ def report(data, s, scale):
                      f"{p['bi-encoder, %d candidates' % s['candidates']]:.2f} / "
                      f"{p['bi-encoder, %d candidates' % n]:.2f}",
                      f"{p['bi-encoder, encoding one document (once)']:.3f}"]
-        lines.append(f"| {reader} | {pct(values(data, 'retrieval', reader, 'hits@1'))} | "
-                     f"{rate_kept(data['cells'], 'retrieval', reader)} | {pct(values(data, 'reranking', reader, 'hits@1'))} | "
+        lines.append(f"| {reader} | {pct(kept_values(data, 'retrieval', reader, 'hits@1'))} | "
+                     f"{rate_kept(data['cells'], 'retrieval', reader)} | {pct(kept_values(data, 'reranking', reader, 'hits@1'))} | "
                      f"{rate_kept(data['cells'], 'reranking', reader)} | " + " | ".join(times) + " |")
     (bi_chars, bi_pairs), (cross_chars, cross_pairs) = per_step(s).values()
     lines += [f"| (rule) n-gram cosine | {100 * r['retrieval']['n-gram cosine']['hits@1']:.1f}% | - | - | - | - | - "
@@ -168,7 +161,7 @@ def report(data, s, scale):
               "| reader | accuracy | rate kept |", "|---|---|---|"]
     for name, how in JUDGE_READERS:
         reader = f"{name} ({how})"
-        lines.append(f"| {reader} | {pct(values(data, 'judge', reader, 'accuracy'))} | "
+        lines.append(f"| {reader} | {pct(kept_values(data, 'judge', reader, 'accuracy'))} | "
                      f"{rate_kept(data['cells'], 'judge', reader)} |")
     for rule, v in r["judge"].items():
         lines.append(f"| (rule) {rule} | {100 * v:.1f}% | - |")
@@ -199,7 +192,7 @@ def plot(data, path):
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     readers = [f"{name} ({how})" for name, how in BI_READERS]
     for offset, part in ((-0.2, "retrieval"), (0.2, "flag-first")):
-        v = [values(data, part, r, "recall@1") for r in readers]
+        v = [kept_values(data, part, r, "recall@1") for r in readers]
         axes[0].bar(np.arange(len(readers)) + offset, [100 * np.mean(x) if x else 0 for x in v], 0.4,
                     yerr=[100 * np.std(x, ddof=1) if len(x) > 1 else 0 for x in v], capsize=3,
                     label="flag last" if part == "retrieval" else "flag first (control)")
@@ -210,7 +203,7 @@ def plot(data, path):
     axes[0].legend(fontsize=7)
     readers = [f"{name} ({how})" for name, how in CROSS_READERS]
     for offset, (part, label) in ((-0.2, ("retrieval", "bi-encoder")), (0.2, ("reranking", "cross-encoder"))):
-        v = [values(data, part, r, "hits@1") for r in readers]
+        v = [kept_values(data, part, r, "hits@1") for r in readers]
         axes[1].bar(np.arange(len(readers)) + offset, [100 * np.mean(x) if x else 0 for x in v], 0.4,
                     yerr=[100 * np.std(x, ddof=1) if len(x) > 1 else 0 for x in v], capsize=3, label=label)
     axes[1].axhline(100 * data["rules"]["retrieval"]["n-gram cosine"]["hits@1"], color="grey", linestyle=":",

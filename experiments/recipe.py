@@ -73,6 +73,13 @@ def kept_rates(cells):
     return {key: max(sorted(by_rate), key=lambda rate: np.mean(by_rate[rate])) for key, by_rate in scores.items()}
 
 
+def kept_values(data, part, reader, metric):
+    """A reader's score per seed at the rate kept for it (a frozen reader has no rate: its cells' scores)."""
+    kept = kept_rates(data["cells"]).get((part, reader))
+    return [c[metric] for c in data["cells"] if (c["part"], c["reader"]) == (part, reader) and metric in c
+            and c.get("learning rate") == kept]
+
+
 def tried_rates(cells, part, reader):
     return sorted({c["learning rate"] for c in cells if (c["part"], c["reader"]) == (part, reader)
                    and "learning rate" in c})

@@ -33,7 +33,7 @@ def drawer(name):
     elif kind == "study":
         from experiments.study_report import plot
     elif kind == "finetune":
-        from experiments.finetune import study_plot as plot
+        from experiments.finetune_report import study_plot as plot
     elif kind == "incontext":
         from experiments.incontext import plot as draw_runs
         return lambda data, path: draw_runs(data["runs"], path)

@@ -614,12 +614,12 @@ def test_the_rate_is_chosen_on_the_tuning_items_over_seeds_never_on_the_evaluati
                    "tuning": tuning_high, "accuracy": 0.6 + seed / 100}]
     data = {"cells": cells, "settings": {"rates": [1e-3, 3e-3]}}
     assert recipe.kept_rates(cells) == {("judge", "bert (mean)"): 3e-3}  # mean 0.567 against 0.4
-    assert encoders_report.values(data, "judge", "bert (mean)", "accuracy") == [0.61, 0.62, 0.63]
+    assert recipe.kept_values(data, "judge", "bert (mean)", "accuracy") == [0.61, 0.62, 0.63]
     assert recipe.rate_kept(data["cells"], "judge", "bert (mean)") == "0.003 (edge)"
     tie = [dict(c, tuning=0.5) for c in cells]
     assert recipe.kept_rates(tie) == {("judge", "bert (mean)"): 1e-3}  # a tie keeps the lower rate
     probe = [{"part": "probe", "reader": "gpt (mean)", "seed": 1, "balanced accuracy": 0.5}]  # frozen: no rate
-    assert encoders_report.values({"cells": probe}, "probe", "gpt (mean)", "balanced accuracy") == [0.5]
+    assert recipe.kept_values({"cells": probe}, "probe", "gpt (mean)", "balanced accuracy") == [0.5]
 
 
 def test_the_schedule_warms_up_then_decays_to_zero():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from experiments import finetune
+from experiments import finetune, finetune_report, recipe
 from experiments import tasks
 from conftest import run_script, tiny_args
 from model import ModelConfig, Transformer
@@ -200,7 +200,7 @@ def test_the_sampling_error_of_a_balanced_accuracy_weighs_each_class_by_its_own_
     each class's count (a class of 15 examples weighs as much as one of 113), not from the total: 1/7 over the
     speaker task's evaluation classes is +-4.8 points, where a plain binomial over 304 examples says +-3.9.
     The reference is counted by hand: sum of p(1-p)/n over the seven classes present, LEONTES (0) left out."""
-    from experiments.finetune import sampling_error
+    from experiments.finetune_report import sampling_error
     counts = [113, 15, 25, 23, 52, 49, 27, 0]
     p = 1 / 7
     by_hand = 1.96 * (p * (1 - p) * (1 / 113 + 1 / 15 + 1 / 25 + 1 / 23 + 1 / 52 + 1 / 49 + 1 / 27)) ** 0.5 / 7
@@ -277,17 +277,16 @@ def test_the_study_reports_each_reader_at_the_rate_its_tuning_score_chose():
             cells.append({"part": "tampered full", "task": "tampered", "mode": "full", "reader": "bert (mean)",
                           "seed": seed, "learning rate": rate, "tuning": tuning, "accuracy": accuracy})
     data = {"cells": cells, "baselines": {"tampered": {"character n-gram logistic regression": {"accuracy": 0.55}}}}
-    assert finetune.kept_values(data, "tampered full", "bert (mean)", "accuracy") == [0.71, 0.72, 0.73]
-    control = finetune.study_controls(data)["tampered full"]
+    assert recipe.kept_values(data, "tampered full", "bert (mean)", "accuracy") == [0.71, 0.72, 0.73]
+    control = finetune_report.study_controls(data)["tampered full"]
     assert control["best"] == "bert (mean)" and control["passed"]  # 0.72 - 0.01 >= 0.55 + 0.10
     data["baselines"]["tampered"]["character n-gram logistic regression"]["accuracy"] = 0.62
-    assert not finetune.study_controls(data)["tampered full"]["passed"]
+    assert not finetune_report.study_controls(data)["tampered full"]["passed"]
 
 
 def test_a_rate_grown_to_is_finished_on_every_seed_when_a_stopped_run_goes_on():
     """recipe.grow offers a rate past the grid's edge once; a run stopped after one seed of it goes on with the
     others (recipe.begun), so no rate is kept on one seed's score."""
-    from experiments import recipe
     cells = [{"part": "speaker full", "reader": "gpt (last)", "seed": seed, "learning rate": rate, "tuning": score}
              for seed in (1, 2) for rate, score in ((1e-3, 0.1), (3e-3, 0.2))]
     cells.append({"part": "speaker full", "reader": "gpt (last)", "seed": 1, "learning rate": 1e-2, "tuning": 0.3})
