@@ -458,6 +458,8 @@ def study(config):
     jobs, stopped, started, done = min(config["jobs"], len(plan)), False, time.perf_counter(), 0
     try:
         with StopSignals(immediate=True) as stop:
+            print(f"[finetune study] retrieval's frozen row first: the untrained pooled states of "
+                  f"{len(READERS) * len(seeds)} backbones", flush=True)
             for model, pooling in READERS:  # retrieval's frozen row: the pooled states, untrained
                 for seed in seeds:
                     if stop:
