@@ -7,6 +7,7 @@ solves it? And does the order in which a diffusion model unmasks matter?
                                                  # -> results/structural/planning-cpu.{md,json}: 51 minutes
     python experiments/planning.py --models=gpt,gpt-reversed,diffusion --jobs=2   # the three X5 is about
     python experiments/planning.py --models=gpt-reversed --jobs=2   # the positive control alone: 9 minutes
+    python experiments/planning.py --models=diffusion --budget=8 --jobs=2   # diffusion at 8 x gpt's FLOPs: 110
     python experiments/planning.py --scale=gpu   # larger graphs and model
     python experiments/planning.py --quick       # a smoke run in seconds (the test suite runs it) -> out-quick/
 
