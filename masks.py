@@ -6,6 +6,9 @@ The four architectures as four attention masks (claim A1). True = "this query ma
     prefixlm  prefix          the prefix sees itself bidirectionally, the rest is causal
     t5        encoder-decoder bidirectional encoder, causal decoder, full cross-attention decoder -> encoder
 
+One more, between two of them: a trained gpt made into a masked-diffusion model opens its causal mask towards the
+bidirectional one a little more at each training step (`annealed_mask`, DiffuGPT), instead of all at once.
+
 Everything here is plain boolean data; model.py turns an "attention kind" into what
 torch.nn.functional.scaled_dot_product_attention (SDPA) takes through `attention_mask` at the bottom.
 
@@ -104,6 +107,22 @@ def attention_mask(kind, query_length, key_length=None, prefix_length=None, leng
         padding = padding_mask(lengths.to(device), key_length)
         mask = padding if mask is None else mask & padding
     return mask, False
+
+
+def annealed_fraction(step, anneal_steps):
+    """The share of future keys opened at training step `step` (counted from 0): 0 at the first step, exactly gpt's
+    mask, rising linearly to 1 (bert's) at step anneal_steps - 1 and after. (DiffuGPT's code opens
+    min(1, (step + 1) / anneal_steps), so its first step is not quite causal.)"""
+    return 1.0 if anneal_steps <= 1 else min(1.0, step / (anneal_steps - 1))
+
+
+def annealed_mask(length, opened, generator=None, device=None):
+    """(T, T): the causal mask plus each key above the diagonal opened with probability `opened` (0: causal,
+    1: bidirectional). Gong et al. 2024 adapt a trained gpt into a masked-diffusion model this way, so that the
+    gpt's weights meet the right context gradually. One draw per call (train.py: per micro-step), shared by the
+    batch, heads and layers."""
+    future = torch.rand(length, length, generator=generator) < opened  # rand < 0 never, rand < 1 always
+    return causal_mask(length, device=device) | future.to(device)
 
 
 def show(mask, name):

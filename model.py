@@ -159,6 +159,7 @@ class ModelConfig:
     bias: bool = True           # biases in Linear and LayerNorm
     position: str = "learned"   # learned | rope | none (NoPE, claim D5)
     init_std: float = 0.02      # GPT-2's N(0, 0.02) for every weight (experiments/plateau.py varies it)
+    shift_logits: bool = False  # a diffusion model adapted from gpt: position i - 1's output scores token i
 
     def __post_init__(self):
         if self.d_ff == 0:
@@ -271,15 +272,18 @@ class Transformer(nn.Module):
             x = x + self.position_embedding(torch.arange(start, start + T, device=ids.device))
         return self.dropout(x)
 
-    def run_stack(self, ids, prefix_length=None, lengths=None, cache=None):
+    def run_stack(self, ids, prefix_length=None, lengths=None, cache=None, attention=None):
         """gpt / bert / prefixlm: one stack, the mask picked by the arch. Returns the final hidden states.
-        lengths (B,): the real length of each row of right-padded ids (padded keys hidden)."""
+        lengths (B,): the real length of each row of right-padded ids (padded keys hidden). attention: a (T, T)
+        boolean mask used instead of the arch's (a gpt being opened into a diffusion model: masks.annealed_mask)."""
         start = cache.length if cache is not None else 0
         x = self.embed(ids, start)  # (B, T, C)
         T = ids.size(1)
         # the one line where gpt, bert and prefixlm differ (claim A1): the attention kind of the arch
         mask = masks.attention_mask(ATTENTION_OF_ARCH[self.config.arch], T, start + T, prefix_length=prefix_length,
                                     lengths=lengths, device=ids.device)
+        if attention is not None:  # a mask given instead (training windows: no padding to hide)
+            mask = (attention, False)
         for i, block in enumerate(self.blocks):
             x = block(x, mask, self.rotary, start, cache.layer(i) if cache is not None else None)
         if cache is not None:
@@ -315,20 +319,24 @@ class Transformer(nn.Module):
         return self.decoder_norm(x)
 
     def forward(self, inputs, targets=None, prefix_length=None, decoder_inputs=None, lengths=None,
-                loss_weights=None):
+                loss_weights=None, attention=None):
         """Logits for every position (B, T, V) and, with targets, the mean loss over supervised positions.
 
         inputs: (B, T) token ids (t5: the encoder's input; lengths (B,) when its rows are padded).
         decoder_inputs: (B, T_dec), t5 only. targets: aligned with the positions that produce logits,
         IGNORE_INDEX where there is no loss. loss_weights: optional (B, T) per-position weights (masked
         diffusion's 1/t); the loss is then sum(weight * cross-entropy) / number of positions, an ELBO rather than
-        a mean (claim C4)."""
+        a mean (claim C4). attention: see run_stack."""
         if self.config.arch == "t5":
             memory = self.encode(inputs, lengths)
             hidden = self.decode(decoder_inputs, memory, lengths)
         else:
-            hidden = self.run_stack(inputs, prefix_length, lengths)
+            hidden = self.run_stack(inputs, prefix_length, lengths, attention=attention)
         logits = self.logits(hidden)  # (B, T, V): every position, MLM needs them all
+        if self.config.shift_logits:  # adapted from gpt (DiffuGPT): gpt's head at i - 1 goes on predicting token i;
+            # realigned so that row i scores token i as in every other model. Row 0 has no position before it: it
+            # is uniform, and the diffusion objective never masks position 0 of such a model
+            logits = torch.cat([torch.zeros_like(logits[:, :1]), logits[:, :-1]], dim=1)
         if targets is None:
             return logits, None
         return logits, self.loss(logits, targets, loss_weights)

@@ -122,11 +122,13 @@ def mlm(windows, specials, generator, arch="bert", rate=0.15, mask_fraction=0.8,
 
 # ----------------------------------------------------------------------------- masked diffusion
 
-def diffusion(windows, specials, generator, arch="bert", eps=1e-3, rate=None, stratified=True):
+def diffusion(windows, specials, generator, arch="bert", eps=1e-3, rate=None, stratified=True, keep_first=False):
     """Masked diffusion (MDLM/LLaDA style): per sequence draw t ~ U(eps, 1), replace each text token by [MASK] with
     probability t (no 80/10/10), and weight the cross-entropy of masked positions by 1/t, averaged over all
     positions. In expectation that is the ELBO, an upper bound on -log p(x) (claim C4). `rate` fixes t (tests);
-    stratified=False draws each row's t independently (experiments/plateau.py measures what stratifying saves)."""
+    stratified=False draws each row's t independently (experiments/plateau.py measures what stratifying saves).
+    keep_first: position 0 is never masked (a model adapted from gpt reads token i off position i - 1: nothing
+    before position 0 can predict it; DiffuGPT never scores the first token either)."""
     x = windows[:, :-1]
     B, T = x.shape
     if rate is not None:
@@ -138,6 +140,8 @@ def diffusion(windows, specials, generator, arch="bert", eps=1e-3, rate=None, st
              else torch.rand(B, 1, generator=generator))  # (B, 1)
         t = eps + (1 - eps) * u
     masked = (torch.rand(B, T, generator=generator) < t) & (x < specials.num_ordinary)
+    if keep_first:
+        masked[:, 0] = False
     return Batch(inputs=torch.where(masked, specials.mask, x), targets=torch.where(masked, x, IGNORE_INDEX),
                  loss_weights=masked.float() / t)
 
@@ -303,7 +307,7 @@ def ul2(windows, specials, generator, arch, mixture=(0.5, 0.25, 0.25)):
 # of the batch maker each one sets; a knob that is absent keeps the batch maker's default, the published value
 KNOBS = {"mlm": {"mlm_rate": "rate", "mlm_mask_fraction": "mask_fraction", "mlm_random_fraction": "random_fraction"},
          "span_corruption": {"noise_density": "noise_density", "mean_span": "mean_span"},
-         "ul2": {"ul2_mixture": "mixture"}}
+         "ul2": {"ul2_mixture": "mixture"}, "diffusion": {"shift_logits": "keep_first"}}
 BATCH_MAKERS = {"clm": clm, "mlm": mlm, "diffusion": diffusion, "prefix_lm": prefix_lm,
                 "span_corruption": span_corruption, "ul2": ul2}
 

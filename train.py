@@ -30,6 +30,7 @@ import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while 
 import numpy as np
 import torch
 
+import masks
 import objectives
 from objectives import batch_for
 from infra.checkpoint import (CheckpointWriteFailed, check_resume, load_checkpoint, model_from_checkpoint,
@@ -51,15 +52,18 @@ DEFAULTS = dict(
     dataset="shakespeare_char",  # a folder of data/ holding train.bin, val.bin, meta.pkl
     out_dir="out-{arch}",       # {arch} and {objective} are filled in
     init_from="scratch",        # scratch | resume (from out_dir/ckpt.pt) | gpt2, gpt2-medium, ... (infra/pretrained.py)
+                                # | another run's out_dir: its gpt made into this arch (infra/adaptation.py)
     preset="",                  # a model *shape* from model.PRESETS (gpt2, bert-base, t5-small, cpu-*): it sets the
                                 # layers/heads/dims/block (winning over those keys); --arch still picks the architecture
     # model: layers (t5: of its encoder; n_decoder_layer 0 = as many), heads, width, context length in tokens
     n_layer=6, n_decoder_layer=0, n_head=6, n_embd=384, block_size=256, dropout=0.2, bias=False,
     position="learned",         # learned | rope | none (NoPE, claim D5)
+    shift_logits=False,         # position i - 1's output scores token i (diffusion adapted from gpt, DiffuGPT)
     init_std=0.02,              # the std of every weight at initialisation (GPT-2's; residual outputs / sqrt(depth))
     # objective settings (the others keep the published values: objectives.py)
     mlm_mask_fraction=0.8, mlm_random_fraction=0.1,  # BERT's 80/10/10 (claim C2's ablation sets 1.0, 0.0)
     ul2_mixture=(0.5, 0.25, 0.25),                   # UL2's S / R / X weights (claim F2)
+    anneal_steps=0,             # gpt -> diffusion: the causal mask opens to full over this many steps (claim G1)
     # optimisation
     batch_size=64, gradient_accumulation_steps=1, max_iters=5000, max_flops=0.0,  # max_flops > 0: stop at this budget
     learning_rate=1e-3, min_lr=1e-4, warmup_iters=100, lr_decay_iters=5000, decay_lr=True,
@@ -170,6 +174,9 @@ def build_model(config, checkpoint, meta):
     if checkpoint is not None:  # the saved shape, which for fine-tuned published weights no flag describes
         checkpoint["model_config"]["dropout"] = config["dropout"]
         return model_from_checkpoint(checkpoint, os.path.join(config["out_dir"], "ckpt.pt"))
+    if os.path.exists(os.path.join(config["init_from"], "ckpt.pt")):  # a trained gpt, adapted (claim G1)
+        from infra.adaptation import adapted_model
+        return adapted_model(config, meta)
     if config["init_from"] != "scratch":  # published GPT-2, BERT or T5 weights, fine-tuned (infra/pretrained.py)
         from infra.pretrained import load_for_training
         return load_for_training(config, meta)
@@ -281,11 +288,15 @@ def loop(config, setup, run):
             step_tokens += batch.processed_positions()
             step_supervised += batch.supervised_positions()  # claim C1: what the loss actually reads
             step_flops += setup.raw_model.training_flops(batch)
-            batch = batch.to(setup.device)
+            inputs = batch.to(setup.device).model_inputs()
+            opened = masks.annealed_fraction(iter_num, config["anneal_steps"]) if config["anneal_steps"] else 1.0
+            if opened < 1:  # gpt -> diffusion: attention opened from causal towards full, step by step (then bert's)
+                inputs["attention"] = masks.annealed_mask(config["block_size"], opened, setup.objective_rng,
+                                                          setup.device)
             if setup.processes.ddp:  # average gradients once per step, on the last micro-step, not on every one
                 model.require_backward_grad_sync = micro_step == micro_steps - 1
             with autocast:
-                _, loss = model(**batch.model_inputs())
+                _, loss = model(**inputs)
                 loss = loss / micro_steps  # the accumulated gradient is the mean over micro-steps
             scaler.scale(loss).backward()
         if config["grad_clip"] > 0:

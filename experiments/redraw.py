@@ -41,7 +41,7 @@ def drawer(name):
         return draw_epochs
     elif kind == "encoders":
         from experiments.encoders_report import plot
-    elif kind in ("plateau", "multiplier", "attention"):
+    elif kind in ("plateau", "multiplier", "attention", "adaptation"):
         plot = __import__(f"experiments.{kind}", fromlist=["plot"]).plot
     else:
         raise UserError(f"{name}.png: no command of this project draws a plot of that name")

@@ -234,8 +234,8 @@ def check_resume(config, checkpoint, meta):
     """Resuming continues the same run: the model's shape, the objective and the vocabulary must match."""
     saved = checkpoint["config"]
     published = saved.get("published_weights")  # fine-tuned published weights: their shape came with them
-    earlier = {f.name: f.default for f in fields(ModelConfig)}  # a setting an earlier version did not record
-    for key in (("arch", "block_size") if published else MODEL_KEYS) + ("objective",):
+    earlier = dict({f.name: f.default for f in fields(ModelConfig)}, anneal_steps=0)  # not recorded by earlier versions
+    for key in (("arch", "block_size") if published else MODEL_KEYS) + ("objective", "shift_logits", "anneal_steps"):
         # (another objective would mix units in the best-checkpoint comparison)
         held = saved[key] if key in saved else checkpoint["model_config"].get(key, earlier.get(key))
         if held is None:

@@ -5,6 +5,7 @@ is built or written. The model's own checks stay in model.ModelConfig.validate; 
 """
 import difflib
 import math
+import os
 
 import objectives
 from infra.configurator import UserError, check_seed
@@ -17,7 +18,7 @@ def model_config(config, vocab_size):
     """The ModelConfig a training config describes."""
     return ModelConfig(vocab_size=vocab_size, dropout=config["dropout"], init_std=config["init_std"],
                        d_ff=PRESETS.get(config["preset"], {}).get("d_ff", 0),
-                       **{k: config[k] for k in MODEL_KEYS})
+                       shift_logits=config.get("shift_logits", False), **{k: config[k] for k in MODEL_KEYS})
 
 
 def check_training_config(config):
@@ -38,7 +39,8 @@ def check_training_config(config):
     close = difflib.get_close_matches(config["init_from"], ["scratch", "resume"], n=1, cutoff=0.6)
     if not config["init_from"] or (close and close[0] != config["init_from"]):
         raise UserError(f"--init_from={config['init_from']}: did you mean {close[0] if close else 'scratch'}? "
-                        f"(scratch, resume, or published weights: gpt2, a save_pretrained folder)")
+                        f"(scratch, resume, a gpt run's out_dir to adapt, or published weights: gpt2, a "
+                        f"save_pretrained folder)")
     try:  # "out-{arch}" (the default), "out-cpu-{arch}" (the CPU recipe): one folder per arch, never shared
         config["out_dir"] = config["out_dir"].format(arch=config["arch"], objective=config["objective"])
     except (KeyError, IndexError, ValueError):
@@ -48,9 +50,16 @@ def check_training_config(config):
     for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
         if config[key] < 1:
             raise UserError(f"--{key} must be at least 1, got {config[key]}")
-    for key in ("max_iters", "warmup_iters", "lr_decay_iters"):
+    for key in ("max_iters", "warmup_iters", "lr_decay_iters", "anneal_steps"):
         if config[key] < 0:
             raise UserError(f"--{key} must be at least 0, got {config[key]}")
+    if (config["anneal_steps"] or config["shift_logits"]) and config["objective"] != "diffusion":
+        raise UserError("--anneal_steps and --shift_logits make a trained gpt into a masked-diffusion model: use "
+                        "them with --arch=bert --objective=diffusion --init_from=<the gpt's out_dir>")
+    if config["shift_logits"] and config["init_from"] != "resume" and \
+            not os.path.exists(os.path.join(config["init_from"], "ckpt.pt")):
+        raise UserError(f"--shift_logits keeps a gpt's outputs where they were: it needs --init_from=<a gpt run's "
+                        f"out_dir> (or resume), not {config['init_from']}")
     if min(config["mlm_mask_fraction"], config["mlm_random_fraction"]) < 0 or \
             config["mlm_mask_fraction"] + config["mlm_random_fraction"] > 1:
         raise UserError("need mlm_mask_fraction, mlm_random_fraction >= 0 with a sum of at most 1 (BERT: 0.8, 0.1)")

@@ -394,11 +394,13 @@ def test_a_torchrun_environment_without_its_peers_talks_stops_at_sigterm_and_giv
 
 @pytest.mark.optional_packages  # the same messages with transformers installed and without
 def test_a_published_name_or_folder_is_checked_before_the_dataset(char_dataset, trained, tmp_path):
-    """--init_from=<not a published checkpoint> says so, not that the dataset is char-level; a train.py out_dir
-    given as published weights is named as one. No package is needed to say any of it."""
+    """--init_from=<not a published checkpoint> says so, not that the dataset is char-level; a train.py out_dir is a
+    gpt run to start from (claim G1), and one of another shape says so and how to continue it instead. No package is
+    needed to say any of it."""
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     for name, needle in (("gpt3", "could not load 'gpt3'"), (str(tmp_path / "nowhere"), "is not a folder"),
-                         (trained, "is a train.py out_dir, not published weights: pass --out_dir=")):
+                         (trained, f"give this run the gpt's shape (or continue that run: --out_dir={trained} "
+                                   f"--init_from=resume)")):
         result = run_script("train.py", f"--dataset={char_dataset}", f"--init_from={name}", "--device=cpu",
                             f"--out_dir={tmp_path / 'o'}", env=env)
         assert "char" not in one_line(result, needle)

@@ -1,0 +1,451 @@
+"""
+Question: at equal total training FLOPs, is an encoder, a masked-diffusion model or an encoder-decoder better
+trained from scratch or made from a trained gpt, as recent work makes them (claim G1)?
+
+    python experiments/adaptation.py --jobs=2   # 3 targets x 2 shares x 3 rates x 3 seeds of adaptation, the
+                                                # gpt continuation control, then every kept backbone scored
+                                                # -> results/study/adaptation-cpu.{md,json,png}: 103 minutes
+                                                # on 2 cores, another experiment and the test suite beside it
+                                                # (69 runs of adaptation, 90 scoring cells; the study's runs reused)
+    python experiments/adaptation.py --quick    # a smoke run in seconds (the test suite runs it) -> out-quick/
+
+Two phases share the study's budget (experiments/study.py's FLOPs for one model). First gpt trains for a share f of
+it (f = 0.25 and 0.5: the study's own gpt runs at those budgets, reused); then each target trains from gpt's
+weights (infra/adaptation.py says which module gets which) for the rest, 1 - f, so both phases add up to the
+budget:
+    bert       MLM (15%, 80/10/10), bidirectional from its first step: CLM then MLM (Gisserot-Boukhlef et al.
+               2025, arXiv 2507.00994)
+    diffusion  masked diffusion (1/t-weighted ELBO), its attention opened from causal to full over the first 10%
+               of its steps (masks.annealed_mask) and its outputs shifted (position i - 1 scores token i), so
+               that gpt's head keeps its alignment (DiffuGPT: Gong et al. 2024, arXiv 2410.17891)
+    t5         span corruption; each stack gpt's lower blocks, the cross-attention copied from the self-attention
+               (T5Gemma, arXiv 2504.06225, at the parameter count of the t5 it is compared with)
+against the same three trained from scratch for the whole budget (the study's runs, experiments/finetune.py's
+study_backbones). The adaptation phase gets the study's own effort: every rate of the study's grid on every seed,
+the rate of lowest mean validation loss (own objective) kept per target and share, one rate past an edge kept.
+Positive control: gpt continued with its own objective for the rest of the budget (the same restart, warmup and
+decay) must reach the gpt trained from scratch for the whole budget; if a restart alone cost much, adaptation would
+be judged by its schedule. Every backbone must be past the study's plateau control.
+
+Each kept backbone is scored on what it is for, beside the rules a trivial reader reaches on the same scoring:
+  - the study's common metrics (bits/char of a window's second half: diffusion's ELBO, t5's exact NLL; cloze
+    accuracy, both sides visible) and the character-frequency rule;
+  - right-context tagging (claim B1, experiments/tagging.py's labels): a probe on the frozen states, balanced
+    accuracy averaged over the three labels, beside the n-gram rules that read the prefix and both sides;
+  - bi-encoder retrieval (claim E3, experiments/encoders.py's part 2): fine-tuned at the rate encoders.py kept
+    for that architecture's reader from scratch (so the rate favours scratch, if anything), recall@1, beside the
+    n-gram cosine rule.
+A difference is called only when the two rows' mean +- std over seeds do not overlap.
+"""
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # python experiments/adaptation.py
+import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while it loads ends quietly)
+
+import numpy as np
+import torch
+
+import objectives
+from experiments import encoders, metrics, study, tagging
+from experiments.equal_compute import flops_budget, machine_line, resolve_experiment, write_results
+from experiments.finetune import Backbone, study_backbones
+from experiments.recipe import finished_cells, kept_rates
+from experiments.study_report import mean_std, plus_minus
+from experiments.tasks import read_texts
+from infra.checkpoint import load_model
+from infra.configurator import QUICK_NOTE, UserError, run_main
+from infra.dataset import load_dataset
+from infra.plots import pyplot, save
+from infra.progress import StopSignals, format_duration, format_flops
+
+DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/study",
+                encoders_dir="results/structural",  # where encoders.py wrote the retrieval rates it kept
+                seed=1337, quiet=True,
+                jobs=1)  # how many runs train (and backbones are scored) at once, in processes
+SCALES = {  # the study's scale read; shares: gpt's share of the budget before adaptation; anneal: of the steps
+    "cpu": dict(study_scale="cpu", shares=(0.25, 0.5), anneal=0.1),
+    "gpu": dict(study_scale="gpu", shares=(0.25, 0.5), anneal=0.1),
+    "quick": dict(study_scale="quick", shares=(0.5,), anneal=0.1),
+}
+TARGETS = {  # name: (arch, objective, extra settings of the adaptation phase)
+    "bert": ("bert", "mlm", {}),
+    "diffusion": ("bert", "diffusion", {"shift_logits": True}),
+    "t5": ("t5", "span_corruption", {}),
+    "gpt": ("gpt", "clm", {}),  # the positive control: gpt continued, the same restart
+}
+SHIFTED = ("diffusion from gpt", "bert", "diffusion", {"shift_logits": True})  # its plateau control's objective
+METRICS = (("own", "own validation loss", "lower"), ("bits", "bits/char, 2nd half (diffusion: ELBO)", "lower"),
+           ("cloze", "cloze", "higher"), ("tagging", "tagging probe", "higher"),
+           ("retrieval", "retrieval recall@1", "higher"))
+PUBLISHED = {
+    "bert": "Gisserot-Boukhlef et al. 2025 (610M, 42K steps): 25% CLM then 75% MLM above MLM alone on every task "
+            "family, by 0.3-5 points (retrieval +0.3, token classification +0.9, QA +5.0).",
+    "diffusion": "Gong et al. 2024 (DiffuGPT): GPT-2 adapted into a masked-diffusion model beats diffusion models "
+                 "trained from scratch on far more tokens; without the shift or the annealing it does worse.",
+    "t5": "T5Gemma (2025): encoder-decoders adapted from Gemma 2 beat the decoder they came from; it does not train "
+          "one from scratch at the same compute.",
+}
+
+
+# ----------------------------------------------------------------------------- the runs
+
+def adaptation_run(target, share, rate, seed, prefix, gpt_folder, s, ss):
+    """One run of the adaptation phase for train_all: target from gpt_folder's weights, 1 - share of the budget."""
+    arch, objective, extra = TARGETS[target]
+    extra = dict(extra)
+    if objective == "diffusion":  # steps of the phase: a bert step costs a gpt step (same tokens, same weights)
+        extra["anneal_steps"] = max(1, round(s["anneal"] * (1 - share) * ss["gpt_iters"]))
+    return (f"{target} from gpt at {share:g}, lr {rate:g}, seed {seed}", arch, objective,
+            dict(extra, init_from=gpt_folder, learning_rate=rate, min_lr=rate / 10, seed=seed,
+                 out_dir=f"{prefix}-adapt{share:g}-lr{rate:g}-seed{seed}-{target}", budget_fraction=1 - share))
+
+
+def mean_val(results, key_of, rate, seeds):
+    losses = [results[key_of(rate, seed)]["val_loss"] for seed in seeds]
+    return float("inf") if None in losses else float(np.mean(losses))
+
+
+def forget_if_stale(run, gpt_folder):
+    """A finished adaptation run is reused only if the gpt it started from has not been trained again since."""
+    record = os.path.join(run[3]["out_dir"], "study_run.json")
+    if os.path.exists(record) and os.path.getmtime(os.path.join(gpt_folder, "ckpt.pt")) > os.path.getmtime(record):
+        os.remove(record)
+
+
+def adapt_all(s, ss, seeds, shares, gpt_folders, rates, prefix, config, device, meta):
+    """Every target at every rate of the study's grid (gpt's control at its study rate only), every share and seed;
+    a kept rate at the grid's edge gets the rate beyond it, up to ss["rate_extensions"] times, as in the study.
+    Returns ({(target, share, rate, seed): summary}, {(target, share): kept rate}), or None when interrupted."""
+    grids = {(t, f): ([rates["gpt"]] if t == "gpt" else sorted(ss["learning_rates"])) for t in TARGETS for f in shares}
+    results, new = {}, dict(grids)
+    for round_number in range(ss["rate_extensions"] + 1):
+        runs = {(t, f, r, seed): adaptation_run(t, f, r, seed, prefix, gpt_folders[(f, seed)], s, ss)
+                for (t, f), grid in new.items() for r in grid for seed in seeds}
+        for (t, f, r, seed), run in runs.items():
+            forget_if_stale(run, gpt_folders[(f, seed)])
+        print(f"[adaptation] {'the grid' if not round_number else 'a rate past an edge'}: {len(runs)} runs",
+              flush=True)
+        trained = study.train_runs(runs, ss, dict(config, reuse=True), device, meta, divergence_is_a_result=True)
+        if trained is None:
+            return None
+        results.update(trained)
+        kept = {(t, f): min(grid, key=lambda r: mean_val(results, lambda r, seed: (t, f, r, seed), r, seeds))
+                for (t, f), grid in grids.items()}
+        for (t, f), rate in kept.items():
+            if mean_val(results, lambda r, seed: (t, f, r, seed), rate, seeds) == float("inf"):
+                raise UserError(f"{t} from gpt at {f:g}: a seed diverged at every rate tried "
+                                f"({', '.join(f'{r:g}' for r in grids[(t, f)])}); give SCALES['{s['study_scale']}'] "
+                                f"in experiments/study.py lower learning_rates")
+        beyond = study.next_rates(grids, {k: r for k, r in kept.items() if k[0] != "gpt"}, ss["rate_step"])
+        if not beyond or round_number == ss["rate_extensions"]:
+            return results, kept
+        new = beyond
+        for k, r in beyond.items():
+            grids[k] = sorted(grids[k] + r)
+
+
+def last_val_loss(folder):
+    """A run's validation loss at its last evaluation (log.jsonl), the same field for every row."""
+    with open(os.path.join(folder, "log.jsonl")) as f:
+        return [json.loads(line) for line in f if "val_loss" in line][-1]["val_loss"]
+
+
+def study_rates(out_dir, scale):
+    """The rates the study's sweep kept ({name: rate}), 1e-3 each if it has not run (finetune's fallback)."""
+    try:
+        with open(os.path.join(out_dir, f"study-{scale}.json")) as f:
+            return {name: float(rate) for name, rate in json.load(f)["chosen_learning_rate"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {name: 1e-3 for name in ("gpt", "bert", "prefixlm", "t5", "diffusion")}
+
+
+def retrieval_rates(encoders_dir, scale):
+    """The rate encoders.py kept for each reader's retrieval ({target: rate}), or its grid's middle rate."""
+    try:
+        with open(os.path.join(encoders_dir, f"encoders-{scale}.json")) as f:
+            kept = kept_rates(json.load(f)["cells"])
+    except (OSError, ValueError, KeyError, TypeError):
+        kept = {}
+    middle = sorted(encoders.SCALES[scale]["rates"])[len(encoders.SCALES[scale]["rates"]) // 2]
+    return {t: kept.get(("retrieval", f"{t} (mean)"), middle) for t in TARGETS if t != "gpt"}, bool(kept)
+
+
+# ----------------------------------------------------------------------------- scoring a backbone
+
+WORKER = {}  # what the scoring cells read: set here, or in each worker process by prepare
+
+
+def prepare(dataset, seed, scale, folders, device, rates):
+    """The evaluation windows, the tagging windows and the retrieval task (all from the seed: the same items in
+    every process), and the backbones' folders."""
+    ss = study.SCALES[SCALES[scale]["study_scale"]]
+    splits, meta = load_dataset(dataset, ss["block_size"], prepare_if_missing=True)
+    windows, blanks, _ = study.evaluation_windows(splits, ss, seed, device)
+    texts, ts = read_texts(dataset), tagging.SCALES[scale]
+    rng = np.random.default_rng(seed)  # tagging.py's windows, drawn as it draws them
+    train = (texts["train"], *tagging.windows_of(texts["train"], ts["train_windows"], ts["window"], rng))
+    evaluation = (texts["val"], *tagging.windows_of(texts["val"], ts["eval_windows"], ts["window"], rng))
+    WORKER.update(ss=ss, meta=meta, windows=windows, blanks=blanks, tagging=(train, evaluation),
+                  task=encoders.make_tasks(texts, encoders.SCALES[scale], seed), scale=scale, folders=folders,
+                  device=device, rates=rates, splits=splits)
+
+
+def run_cell(cell, stop=False):
+    """cell: (kind, target, share, seed); share 0 = from scratch. Returns (cell, {metric: value})."""
+    kind, target, share, seed = cell
+    folder, device, scale = WORKER["folders"][(target, share, seed)], WORKER["device"], WORKER["scale"]
+    torch.manual_seed(seed)
+    if kind == "common":
+        model, _ = load_model(os.path.join(folder, "ckpt.pt"), device)
+        windows, blanks, b = WORKER["windows"], WORKER["blanks"], WORKER["ss"]["bayes_windows"]
+        specials = objectives.Specials.from_meta(WORKER["meta"])
+        cloze = metrics.cloze_accuracy(target, model, windows[:b], blanks[:b], specials, b)  # (multiplier's)
+        bits, extra = metrics.second_half_bits(target, model, windows, specials, torch.Generator().manual_seed(seed))
+        return cell, {"bits": extra.get("elbo_bits", bits),  # diffusion: its ELBO, as the study compares it
+                      "cloze": cloze.get("both sides (exact Bayes)", cloze.get("both sides"))}
+    backbone = Backbone(folder, device)
+    if kind == "tagging":
+        train, evaluation = WORKER["tagging"]
+        ts = tagging.SCALES[scale]
+        scores = tagging.run_cell(backbone, "states", "probe", train, evaluation, ts["window"], seed, ts, stop)
+        return cell, {"tagging": float(np.mean(scores)), "per label": scores}
+    es = dict(encoders.SCALES[scale], learning_rate=WORKER["rates"][target])
+    out = encoders.run_one("retrieval", backbone, "mean", WORKER["task"], es, seed, stop)
+    return cell, {"retrieval": out["recall@1"]}
+
+
+def rules(splits, meta, scale, seed):
+    """What trivial readers reach under each scoring."""
+    ss = study.SCALES[SCALES[scale]["study_scale"]]
+    windows, blanks, _ = study.evaluation_windows(splits, ss, seed, "cpu")
+    b, V = ss["bayes_windows"], objectives.Specials.from_meta(meta).num_ordinary  # cloze reads the first b windows
+    cloze = metrics.unigram_reference(splits["train"], windows[:b], blanks[:b], V)["cloze"]
+    bits = metrics.character_frequency_bits(splits["train"], windows, V)
+    train, evaluation = WORKER["tagging"]
+    window = tagging.SCALES[scale]["window"]
+    out = {"bits": {"character frequencies": bits}, "cloze": {"the most frequent character": cloze}}
+    out["tagging"] = {f"n-gram of {sides}": float(np.mean(tagging.best_rule(train, evaluation, window, sides)[0]))
+                      for sides in ("the prefix", "both sides")}
+    out["retrieval"] = {"n-gram cosine": encoders.rules(WORKER["task"], parts=("retrieval",))["retrieval"]
+                        ["n-gram cosine"]["recall@1"]}
+    return out
+
+
+# ----------------------------------------------------------------------------- the report
+
+CONTINUATION_MARGIN = 0.03  # nats: how close gpt continued must come to gpt from scratch (the positive control)
+
+
+def values(data, target, share, metric):
+    """One row's values per seed: metric "own" from the runs, the others from the scoring cells."""
+    if metric == "own":
+        return [r["val_loss"] for r in data["runs"] if (r["target"], r["share"]) == (target, share)
+                and r["val_loss"] is not None]
+    return [c[metric] for c in data["cells"] if (c["target"], c["share"]) == (target, share) and metric in c]
+
+
+def verdict(adapted, scratch, direction):
+    """'adapted ahead', 'scratch ahead' or 'within noise': ahead only when the mean +- std ranges do not overlap."""
+    (ma, sa), (ms, ss) = mean_std(adapted), mean_std(scratch)
+    if ma is None or ms is None:
+        return "-"
+    low_a, high_a, low_s, high_s = ma - (sa or 0), ma + (sa or 0), ms - (ss or 0), ms + (ss or 0)
+    better = (lambda a, b: a < b) if direction == "lower" else (lambda a, b: a > b)
+    if (high_a < low_s or low_a > high_s) and better(ma, ms):
+        return "adapted ahead"
+    if high_a < low_s or low_a > high_s:
+        return "scratch ahead"
+    return "within noise"
+
+
+def cell_text(data, target, share, metric):
+    vs = values(data, target, share, metric)
+    return plus_minus(vs, 1, percent=True) if metric in ("cloze", "tagging", "retrieval") else plus_minus(vs, 3)
+
+
+def row_name(target, share):
+    return f"{target}, from scratch" if share == 0 else f"{target}, from gpt at {share:g}"
+
+
+def report(data):
+    s, shares, budget = data["sizes"], data["shares"], data["budget_flops"]
+    lines = [QUICK_NOTE, ""] if data["scale"] == "quick" else []
+    lines += [f"Built from the decoder (claim G1), scale `{data['scale']}` (the study's {s['n_layer']} layers x "
+              f"{s['n_embd']}; t5 {max(1, s['n_layer'] // 2)} + {max(1, s['n_layer'] // 2)}), every row "
+              f"{format_flops(budget)} of training in all (the gpt phase counted), seeds "
+              f"{', '.join(map(str, data['seeds']))}, on {data['machine']}; {data['seconds'] / 60:.1f} min for this "
+              f"command. Mean +- std over seeds. The adaptation phase's rate: the study's grid, the one of lowest "
+              f"mean own validation loss kept per row. Retrieval fine-tunes each reader at the rate encoders.py kept "
+              f"for it from scratch ("
+              + ", ".join(f"{t} {r:g}" for t, r in data["retrieval_rates"].items())
+              + ("" if data["retrieval_rates_read"] else "; encoders.py has not run here: its grid's middle rate")
+              + ").", "",
+              "| row | rate kept | FLOPs (gpt + own) | " + " | ".join(label for _, label, _ in METRICS) + " |",
+              "|---|---|---|" + "---|" * len(METRICS)]
+    for target in TARGETS:
+        if target == "gpt":
+            continue
+        for share in (0, *shares):
+            runs = [r for r in data["runs"] if (r["target"], r["share"]) == (target, share)]
+            flops = np.mean([r["gpt_flops"] for r in runs]), np.mean([r["flops"] for r in runs])
+            lines.append(f"| {row_name(target, share)} | {runs[0]['rate']:g}"
+                         + (" (edge)" if runs[0].get("edge") else "") + f" | "
+                         f"{flops[0] / budget:.2f} + {flops[1] / budget:.2f} = {sum(flops) / budget:.2f} x | "
+                         + " | ".join(cell_text(data, target, share, m) + (" \\*" if (m, target) == ("own", "diffusion")
+                                                                          and share else "")
+                                      for m, _, _ in METRICS) + " |")
+    for metric, label, _ in METRICS[1:]:
+        for rule, value in data["rules"][metric].items():
+            cells = ["-"] * len(METRICS)
+            cells[[m for m, _, _ in METRICS].index(metric)] = f"{value:.3f}" if metric == "bits" else \
+                f"{100 * value:.1f}%"
+            lines.append(f"| (rule) {rule} | - | - | " + " | ".join(cells) + " |")
+    lines += ["", f"\\* the adapted diffusion model never masks position 0 (no position before it can score it), so "
+                  f"its own loss averages one masked position in {s['block_size']} fewer (its plateau control is "
+                  f"computed the same way): compare it on bits/char, the same for every row.", "",
+              "Adapted against from scratch (ahead only where the mean +- std ranges do not overlap):", "",
+              "| target | metric | " + " | ".join(f"from gpt at {f:g}" for f in shares) + " |",
+              "|---|---|" + "---|" * len(shares)]
+    for target in (t for t in TARGETS if t != "gpt"):
+        for metric, label, direction in METRICS[1:]:
+            lines.append(f"| {target} | {label} | " + " | ".join(
+                verdict(values(data, target, f, metric), values(data, target, 0, metric), direction)
+                for f in shares) + " |")
+    control = data["control"]
+    lines += ["", f"Positive control (gpt continued with its own objective for the rest of the budget reaches gpt "
+                  f"from scratch: mean own validation loss at most {CONTINUATION_MARGIN} nats above it): "
+                  + ("passed" if control["passed"] else
+                     "**FAILED: a restart alone costs; adaptation is judged by its schedule**")
+                  + f". gpt from scratch {plus_minus(values(data, 'gpt', 0, 'own'))}, "
+              + ", ".join(f"continued from {f:g} {plus_minus(values(data, 'gpt', f, 'own'))}" for f in shares) + "."]
+    past = [r for r in data["runs"] if r["past_plateau"]]
+    lines += ["", f"Every backbone past the study's plateau control (own validation loss at least "
+                  f"{data['plateau_control']['margin']:g} nats under its context-free reference): {len(past)} of "
+                  f"{len(data['runs'])}" + ("" if len(past) == len(data["runs"]) else ": not past: " + ", ".join(
+                      f"{row_name(r['target'], r['share'])} seed {r['seed']}" for r in data["runs"]
+                      if not r["past_plateau"])) + ".", "",
+              "Every rate of the adaptation grid (own validation loss, mean over seeds; kept in bold):", "",
+              "| row | " + " | ".join(f"{r:g}" for r in data["rates_tried"]) + " |",
+              "|---|" + "---|" * len(data["rates_tried"])]
+    for key, by_rate in data["grid"].items():
+        target, share = key.split("|")
+        kept = data["kept"][key]
+        lines.append(f"| {row_name(target, float(share))} | " + " | ".join(
+            "-" if f"{r:g}" not in by_rate else (f"**{by_rate[f'{r:g}']:.3f}**" if r == kept else
+                                                 f"{by_rate[f'{r:g}']:.3f}") for r in data["rates_tried"]) + " |")
+    lines += ["", "Published, beside:"] + [f"- {t}: {text}" for t, text in PUBLISHED.items()]
+    return lines
+
+
+def plot(data, path):
+    plt = pyplot()
+    if plt is None:
+        return
+    panels = METRICS[1:]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4))
+    xs = [0, *data["shares"]]
+    for axis, (metric, label, _) in zip(axes, panels):
+        for target in (t for t in TARGETS if t != "gpt"):
+            points = [mean_std(values(data, target, f, metric)) for f in xs]
+            axis.errorbar(xs, [p[0] for p in points], yerr=[p[1] or 0 for p in points], marker="o", capsize=3,
+                          label=target)
+        for rule, value in data["rules"][metric].items():
+            axis.axhline(value, linestyle="--", color="grey", linewidth=1)
+        axis.set_xlabel("gpt's share of the budget (0 = from scratch)")
+        axis.set_title(label + (" (dashed: rules)" if data["rules"][metric] else ""))
+    axes[0].legend()
+    fig.suptitle(f"Adapted from gpt against from scratch at equal FLOPs, scale {data['scale']}, "
+                 f"{len(data['seeds'])} seeds")
+    fig.tight_layout()
+    save(fig, path, dpi=110)
+
+
+# ----------------------------------------------------------------------------- the experiment
+
+def main():
+    config, scale, device = resolve_experiment(DEFAULTS, SCALES, "adaptation")
+    s = SCALES[scale]
+    ss = study.SCALES[s["study_scale"]]
+    t0 = time.perf_counter()
+    splits, meta = load_dataset(config["dataset"], ss["block_size"], prepare_if_missing=True)
+    seeds, shares = [config["seed"] + k for k in range(ss["seeds"])], s["shares"]
+    prefix = os.path.join(config["out_dir"], "checkpoints", s["study_scale"])
+    rates = study_rates(config["out_dir"], s["study_scale"])
+    budget = flops_budget(ss, meta)
+    print(f"[adaptation] 1/4 from scratch: the study's runs at the whole budget ({format_flops(budget)})", flush=True)
+    scratch, _ = study_backbones(config, s["study_scale"], device, seeds)
+    print(f"[adaptation] 2/4 gpt's phase: the study's gpt at {', '.join(f'{f:g}' for f in shares)} of the budget",
+          flush=True)
+    gpt = next(m for m in study.MODELS if m[0] == "gpt")
+    gpt_runs = {(f, seed): study.study_run(gpt, rates["gpt"], seed, f"{prefix}-budget{f:g}-seed{seed}-gpt", f)
+                for f in shares for seed in seeds}
+    gpt_trained = study.train_runs(gpt_runs, ss, dict(config, reuse=True), device, meta)
+    if gpt_trained is None:
+        raise KeyboardInterrupt  # run_main: the finished runs are kept
+    print("[adaptation] 3/4 the adaptation phase: every target from gpt's weights, the rest of the budget",
+          flush=True)
+    adapted = adapt_all(s, ss, seeds, shares, {k: run[3]["out_dir"] for k, run in gpt_runs.items()}, rates, prefix,
+                        config, device, meta)
+    if adapted is None:
+        raise KeyboardInterrupt
+    results, kept = adapted
+    control = metrics.plateau_control(splits, meta, ss, [m for m in study.MODELS if m[0] in TARGETS]
+                                      + [SHIFTED])  # the adapted diffusion model's own loss keeps position 0
+    runs, folders = [], {}
+    for target in TARGETS:
+        for seed in seeds:
+            folder = scratch[(target, seed)]
+            checkpoint = torch.load(os.path.join(folder, "ckpt.pt"), map_location="cpu", weights_only=False)
+            folders[(target, 0, seed)] = folder
+            runs.append({"target": target, "share": 0, "seed": seed, "rate": checkpoint["config"]["learning_rate"],
+                         "val_loss": last_val_loss(folder), "flops": checkpoint["flops_done"], "gpt_flops": 0.0})
+            for f in shares:
+                r = results[(target, f, kept[(target, f)], seed)]
+                folders[(target, f, seed)] = r["out_dir"]
+                tried = sorted({k[2] for k in results if k[:2] == (target, f)})
+                runs.append({"target": target, "share": f, "seed": seed, "rate": kept[(target, f)],
+                             "edge": len(tried) > 1 and kept[(target, f)] in (tried[0], tried[-1]),
+                             "val_loss": last_val_loss(r["out_dir"]), "flops": r["flops"],
+                             "gpt_flops": gpt_trained[(f, seed)]["flops"]})
+    for run in runs:
+        shifted = run["target"] == "diffusion" and run["share"]
+        run["past_plateau"] = metrics.past_plateau(run["val_loss"], control, SHIFTED[0] if shifted else run["target"])
+    retrieval, read = retrieval_rates(config["encoders_dir"], scale)
+    arguments = (config["dataset"], config["seed"], scale, folders, device, retrieval)
+    prepare(*arguments)
+    print("[adaptation] 4/4 scoring every kept backbone; the rules first", flush=True)
+    data = {"scale": scale, "sizes": ss, "seeds": seeds, "shares": list(shares), "budget_flops": budget,
+            "runs": runs, "cells": [], "plateau_control": control, "retrieval_rates": retrieval,
+            "retrieval_rates_read": read, "rules": rules(splits, meta, scale, config["seed"]),
+            "kept": {f"{t}|{f:g}": r for (t, f), r in kept.items()},
+            "rates_tried": sorted({k[2] for k in results}),
+            "grid": {f"{t}|{f:g}": {f"{r:g}": mean_val(results, lambda r, seed: (t, f, r, seed), r, seeds)
+                                    for r in sorted({k[2] for k in results if k[:2] == (t, f)})}
+                     for (t, f) in kept}}
+    plan = [("common", t, f, seed) for seed in seeds for t in TARGETS for f in (0, *shares)]
+    plan += [(kind, t, f, seed) for kind in ("tagging", "retrieval") for seed in seeds for t in TARGETS if t != "gpt"
+             for f in (0, *shares)]
+    cost = {"common": 1.0, "tagging": 1.0, "retrieval": 3.0}
+    total, done, started = sum(cost[c[0]] for c in plan), 0.0, time.perf_counter()
+    with StopSignals(immediate=True) as stop:
+        for (kind, target, share, seed), result in finished_cells(plan, min(config["jobs"], len(plan)), run_cell,
+                                                                   stop, prepare, arguments):
+            data["cells"].append({"kind": kind, "target": target, "share": share, "seed": seed, **result})
+            done += cost[kind]
+            left = (time.perf_counter() - started) / done * (total - done)
+            print(f"[adaptation] scored {len(data['cells'])}/{len(plan)}: {kind}, {row_name(target, share)}, "
+                  f"seed {seed}; ~{format_duration(left)} left", flush=True)
+    gpt_own = {f: mean_std(values(data, "gpt", f, "own"))[0] for f in (0, *shares)}  # (a diverged seed: left out)
+    data["control"] = {"passed": all(None not in (gpt_own[f], gpt_own[0]) and gpt_own[f] <= gpt_own[0]
+                                     + CONTINUATION_MARGIN for f in shares) and len(values(data, "gpt", 0, "own"))
+                       == len(seeds) and all(len(values(data, "gpt", f, "own")) == len(seeds) for f in shares),
+                       "own": gpt_own}
+    data.update(machine=machine_line(device, config), seconds=time.perf_counter() - t0)
+    write_results(config["out_dir"], f"adaptation-{scale}", data, "\n".join(report(data)), plot)
+
+
+if __name__ == "__main__":
+    run_main(main, interrupted="the finished training runs are kept: the same command reuses them and scores again")

@@ -1,0 +1,87 @@
+"""
+train.py --init_from=<a gpt run's out_dir>: start another architecture from a trained gpt's weights (claim G1,
+experiments/adaptation.py), as recent work builds encoders, diffusion models and encoder-decoders from decoders.
+
+    bert, prefixlm, a diffusion bert   every module is gpt's, unchanged: only the mask differs (claim A1); a
+                                       diffusion model also shifts its outputs (model.py's shift_logits) and
+                                       opens its mask step by step (masks.annealed_mask), DiffuGPT's recipe
+    t5                                 each stack starts as gpt's lowest blocks (the encoder's n_layer, the
+                                       decoder's n_decoder_layer); each decoder block's new cross-attention starts
+                                       as a copy of its self-attention, its norm as a copy of the self-attention's
+                                       norm (T5Gemma's rule); both stacks' final norms start as gpt's
+
+T5Gemma (arXiv 2504.06225) copies the whole decoder into each stack, doubling the parameters. A t5 with the
+parameter count of the one it is compared with has half of gpt's layers in each stack, so each stack is gpt cut to
+its lower half: each stack's first block reads embeddings, as the gpt block it starts from did. (The other way,
+the encoder gpt's lower blocks and the decoder its upper ones, keeps every weight but feeds the decoder's first
+block embeddings where its gpt block read the middle of the stack.)
+"""
+import os
+import re
+
+import torch
+
+from infra.checkpoint import load_checkpoint, model_from_checkpoint
+from infra.configurator import UserError
+from infra.train_config import model_config
+from model import Transformer
+
+SHARED_SHAPE = ("n_head", "n_embd", "block_size", "bias", "position", "d_ff")  # what the two must agree on
+
+
+def weight_map(source, target):
+    """{target parameter name: source (gpt) parameter name} for every parameter of `target`."""
+    names = {name for name, _ in target.named_parameters(remove_duplicate=False)}
+    if target.config.arch != "t5":
+        return {name: name for name in names}
+
+    def source_of(name):
+        decoder = re.match(r"decoder_blocks\.(\d+)\.(\w+)\.(.+)", name)
+        if decoder:  # decoder block j <- gpt block j; its cross-attention <- that block's self-attention
+            block, module, rest = decoder.groups()
+            module = {"cross_attention": "attention", "norm_cross": "norm_1"}.get(module, module)
+            return f"blocks.{block}.{module}.{rest}"
+        if name.startswith("decoder_norm."):
+            return "final_norm." + name[len("decoder_norm."):]
+        return name  # embeddings, encoder block i <- gpt block i, the encoder's final norm
+
+    return {name: source_of(name) for name in names}
+
+
+def copy_weights(source, target):
+    """Copy gpt `source`'s weights into `target` by weight_map; a shape that does not fit is a UserError."""
+    sources = dict(source.named_parameters(remove_duplicate=False))
+    targets = dict(target.named_parameters(remove_duplicate=False))
+    with torch.no_grad():
+        for name, from_name in weight_map(source, target).items():
+            if from_name not in sources or sources[from_name].shape != targets[name].shape:
+                raise UserError(f"cannot start {target.config.arch}'s {name} from gpt's {from_name}: the two models' "
+                                f"shapes differ")
+            targets[name].copy_(sources[from_name])
+
+
+def adapted_model(config, meta):
+    """The model train.py's config describes, its weights copied from the gpt in config["init_from"]."""
+    path = os.path.join(config["init_from"], "ckpt.pt")
+    checkpoint = load_checkpoint(path)
+    source = model_from_checkpoint(checkpoint, path)
+    target = Transformer(model_config(config, meta["vocab_size"]))
+    s, t = source.config, target.config
+    if s.arch != "gpt" or "family" in checkpoint["model_config"]:
+        raise UserError(f"--init_from={config['init_from']} holds a {s.arch} run: adaptation starts from a gpt trained "
+                        f"by train.py")
+    if any(checkpoint["meta"].get(k) != meta.get(k) for k in ("vocab_size", "tokenizer", "itos")):
+        raise UserError(f"--init_from={config['init_from']} was trained on another vocabulary "
+                        f"({checkpoint['meta'].get('vocab_size')} tokens, here {meta['vocab_size']}): train on its "
+                        f"dataset")
+    differ = [f"{k} {getattr(s, k)} (here {getattr(t, k)})" for k in SHARED_SHAPE if getattr(s, k) != getattr(t, k)]
+    if t.arch == "t5" and max(t.n_layer, t.n_decoder_layer) > s.n_layer:
+        differ.append(f"{s.n_layer} layers (here a stack of {max(t.n_layer, t.n_decoder_layer)}: each t5 stack starts "
+                      f"as gpt's lowest blocks)")
+    elif t.arch != "t5" and t.n_layer != s.n_layer:
+        differ.append(f"{s.n_layer} layers (here {t.n_layer})")
+    if differ:
+        raise UserError(f"--init_from={config['init_from']}: its gpt has {', '.join(differ)}; give this run the gpt's "
+                        f"shape (or continue that run: --out_dir={config['init_from']} --init_from=resume)")
+    copy_weights(source, target)
+    return target
