@@ -2,11 +2,16 @@
 Question: at equal total training FLOPs, is an encoder, a masked-diffusion model or an encoder-decoder better
 trained from scratch or made from a trained gpt, as recent work makes them (claim G1)?
 
-    python experiments/adaptation.py --jobs=2   # 3 targets x 2 shares x 3 rates x 3 seeds of adaptation, the
-                                                # gpt continuation control, then every kept backbone scored
-                                                # -> results/study/adaptation-cpu.{md,json,png}: 103 minutes
-                                                # on 2 cores, another experiment and the test suite beside it
-                                                # (69 runs of adaptation, 90 scoring cells; the study's runs reused)
+    python experiments/adaptation.py --jobs=2   # both parts below, the reversal task first
+    python experiments/adaptation.py --part=study --jobs=2   # 3 targets x 2 shares x 3 rates x 3 seeds of
+                                                # adaptation, the gpt continuation control, then every kept
+                                                # backbone scored -> results/study/adaptation-cpu.{md,json,png}:
+                                                # 103 minutes on 2 cores of an Intel Xeon, another experiment and
+                                                # the test suite beside it (69 runs of adaptation, 90 scoring
+                                                # cells; the study's runs reused)
+    python experiments/adaptation.py --part=reversal --jobs=2   # the reversal task (claim X4) built from its
+                                                # own gpt: 36 runs -> results/study/adaptation-reversal-cpu.md:
+                                                # 17.8 minutes on 2 cores of an AMD EPYC, alone
     python experiments/adaptation.py --quick    # a smoke run in seconds (the test suite runs it) -> out-quick/
 
 Two phases share the study's budget (experiments/study.py's FLOPs for one model). First gpt trains for a share f of
@@ -36,6 +41,12 @@ Each kept backbone is scored on what it is for, beside the rules a trivial reade
     for that architecture's reader from scratch (so the rate favours scratch, if anything), recall@1, beside the
     n-gram cosine rule.
 A difference is called only when the two rows' mean +- std over seeds do not overlap.
+
+The reversal task's backward half (claim X4) needs its own text, so it has its own gpt: reversal.py's text, shape
+and recipe (one rate for every model, as reversal.py trains them; 3 seeds), gpt trained on it for 0.25 or 0.5 of
+reversal.py's budget, then bert, diffusion and t5 from that gpt as above for the rest, against the same from
+scratch; asked the evaluation half's questions beside reversal.py's rules. Positive control per row: the forward
+questions (the direction the text states) answered in >= 90% of cases in every seed, or the row decides nothing.
 """
 import json
 import os
@@ -49,22 +60,24 @@ import numpy as np
 import torch
 
 import objectives
-from experiments import encoders, metrics, study, tagging
-from experiments.equal_compute import flops_budget, machine_line, resolve_experiment, write_results
+from experiments import encoders, metrics, reversal, study, tagging
+from experiments.equal_compute import flops_budget, machine_line, resolve_experiment, train_all, write_results
 from experiments.finetune import Backbone, study_backbones
 from experiments.recipe import finished_cells, kept_rates
+from experiments.structural import SETTINGS, compared_models, run_record
 from experiments.study_report import mean_std, plus_minus
 from experiments.tasks import read_texts
 from infra.checkpoint import load_model
 from infra.configurator import QUICK_NOTE, UserError, run_main
 from infra.dataset import load_dataset
 from infra.plots import pyplot, save
-from infra.progress import StopSignals, format_duration, format_flops
+from infra.progress import StopSignals, check_writable, format_duration, format_flops
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/study",
                 encoders_dir="results/structural",  # where encoders.py wrote the retrieval rates it kept
                 seed=1337, quiet=True,
-                jobs=1)  # how many runs train (and backbones are scored) at once, in processes
+                jobs=1,  # how many runs train (and backbones are scored) at once, in processes
+                part="all")  # "study": the study's text alone; "reversal": the reversal task alone
 SCALES = {  # the study's scale read; shares: gpt's share of the budget before adaptation; anneal: of the steps
     "cpu": dict(study_scale="cpu", shares=(0.25, 0.5), anneal=0.1),
     "gpu": dict(study_scale="gpu", shares=(0.25, 0.5), anneal=0.1),
@@ -92,10 +105,11 @@ PUBLISHED = {
 
 # ----------------------------------------------------------------------------- the runs
 
-def adaptation_run(target, share, rate, seed, prefix, gpt_folder, s, ss):
-    """One run of the adaptation phase for train_all: target from gpt_folder's weights, 1 - share of the budget."""
+def adaptation_run(target, share, rate, seed, prefix, gpt_folder, s, ss, base=None):
+    """One run of the adaptation phase for train_all: target from gpt_folder's weights, 1 - share of the budget
+    (ss: the scale of the runs; base: settings under the target's own)."""
     arch, objective, extra = TARGETS[target]
-    extra = dict(extra)
+    extra = dict(base or {}, **extra)
     if objective == "diffusion":  # steps of the phase: a bert step costs a gpt step (same tokens, same weights)
         extra["anneal_steps"] = max(1, round(s["anneal"] * (1 - share) * ss["gpt_iters"]))
     return (f"{target} from gpt at {share:g}, lr {rate:g}, seed {seed}", arch, objective,
@@ -363,10 +377,111 @@ def plot(data, path):
     save(fig, path, dpi=110)
 
 
+# ----------------------------------------------------------------------------- the reversal task (claim X4)
+
+def reversal_runs(work, seeds, shares, s, rs):
+    """The reversal task's runs, reversal.py's recipe (rotary positions, one rate for every model): ({key: run} of
+    the first phase, {key: run} of the second). Key (target, share, seed): share 0, from scratch for the whole
+    budget; gpt at a share, the gpt phase; the others at a share, adapted from that gpt for the rest."""
+    models = {m[0]: m for m in compared_models(None) if m[0] in TARGETS}
+    first = {(name, 0, seed): (f"{name}, seed {seed}", arch, objective,
+                               dict(extra, seed=seed, out_dir=os.path.join(work, f"seed{seed}-{name}")))
+             for name, (_, arch, objective, extra) in models.items() for seed in seeds}
+    first.update({("gpt", f, seed): (f"gpt at {f:g}, seed {seed}", "gpt", "clm", dict(
+        models["gpt"][3], seed=seed, budget_fraction=f, out_dir=os.path.join(work, f"budget{f:g}-seed{seed}-gpt")))
+        for f in shares for seed in seeds})
+    second = {(t, f, seed): adaptation_run(t, f, SETTINGS["learning_rate"], seed, os.path.join(work, "from"),
+                                           first[("gpt", f, seed)][3]["out_dir"], s, rs, base=SETTINGS)
+              for t in TARGETS if t != "gpt" for f in shares for seed in seeds}
+    return first, second
+
+
+def reversal_part(config, scale, device):
+    """The backward half of the reversal task (reversal.py's text and shape) for the targets built from a gpt trained
+    on that text, against the same from scratch. Writes out_dir/adaptation-reversal-<scale>.{md,json}."""
+    s, rs = SCALES[scale], reversal.SCALES[scale]
+    t0 = time.perf_counter()
+    work = os.path.join(config["out_dir"], "checkpoints", f"reversal-{scale}")
+    entities, train_half, eval_half, stoi, folders = reversal.prepare_task(config["seed"], scale, work)
+    _, meta = load_dataset(folders["data"], rs["block_size"], prepare_if_missing=False)
+    seeds = [config["seed"] + k for k in range(rs["seeds"])]
+    first, second = reversal_runs(work, seeds, s["shares"], s, rs)
+    for key, run in second.items():
+        forget_if_stale(run, first[("gpt", key[1], key[2])][3]["out_dir"])
+    results = {}
+    for phase, runs in (("from scratch, and gpt's phase", first), ("built from gpt", second)):
+        print(f"[adaptation] reversal task, {phase}: {len(runs)} runs", flush=True)
+        trained, _ = train_all(list(runs.values()), rs, folders["data"], "", device, meta, config["seed"],
+                               config["quiet"], reuse=True, again="the same command reuses them", jobs=config["jobs"])
+        if trained is None:
+            raise KeyboardInterrupt  # run_main: the finished runs are kept
+        results.update({key: trained[run[0]] for key, run in runs.items()})
+    print(f"[adaptation] reversal task: asking {len(results)} models", flush=True)
+    specials, rows = objectives.Specials.from_meta(meta), []
+    with StopSignals(immediate=True):
+        for (target, share, seed), result in results.items():
+            gpt_phase = results[("gpt", share, seed)]["flops"] if share and target != "gpt" else 0.0
+            rows.append({"target": target, "share": share, "seed": seed, **run_record(result), "gpt_flops": gpt_phase,
+                         **reversal.score(result, entities, train_half, eval_half, specials, stoi)})
+    data = {"scale": scale, "sizes": rs, "seeds": seeds, "shares": list(s["shares"]), "rows": rows,
+            "budget_flops": flops_budget(rs, meta), "baselines": reversal.rule_baselines(entities, eval_half),
+            "machine": machine_line(device, config), "seconds": time.perf_counter() - t0}
+    write_results(config["out_dir"], f"adaptation-reversal-{scale}", data, "\n".join(reversal_report(data)))
+
+
+def reversal_report(data):
+    s, shares, budget = data["sizes"], data["shares"], data["budget_flops"]
+
+    def runs_of(target, share):
+        return [r for r in data["rows"] if (r["target"], r["share"]) == (target, share)]
+
+    lines = [QUICK_NOTE, ""] if data["scale"] == "quick" else []
+    lines += [f"The reversal task's backward half (claim X4) on models built from gpt (claim G1): reversal.py's text "
+              f"and shape, scale `{data['scale']}` ({s['n_layer']} layers x {s['n_embd']}; t5 "
+              f"{max(1, s['n_layer'] // 2)} + {max(1, s['n_layer'] // 2)}), {s['entities']} entities (half asked), "
+              f"every row {format_flops(budget)} of training in all (the gpt phase counted), every run at "
+              f"reversal.py's one rate ({SETTINGS['learning_rate']:g}), seeds {', '.join(map(str, data['seeds']))}, "
+              f"on {data['machine']}; {data['seconds'] / 60:.1f} min for this command. gpt trains on the text for a "
+              f"share of the budget, then each target from its weights for the rest (as on the study's text). Exact "
+              f"match of the answer, mean +- std over seeds (per character in brackets).", "",
+              "| row | " + " | ".join(reversal.KINDS) + " | val loss (own objective) | FLOPs (gpt + own) |",
+              "|---|" + "---|" * (len(reversal.KINDS) + 2)]
+    failed = []
+    for target in ("gpt", *(t for t in TARGETS if t != "gpt")):
+        for share in (0, *shares):
+            runs = runs_of(target, share)
+            name = f"gpt alone at {share:g} (the others' start)" if target == "gpt" and share else \
+                row_name(target, share)
+            if not reversal.learned(runs):
+                failed.append(name)
+            flops = np.mean([r["gpt_flops"] for r in runs]) / budget, np.mean([r["flops"] for r in runs]) / budget
+            lines.append(f"| {name} | " + " | ".join(reversal.cells(runs)) + f" | "
+                         f"{plus_minus([r['val_loss'] for r in runs], 3)} | {flops[0]:.2f} + {flops[1]:.2f} = "
+                         f"{sum(flops):.2f} x |")
+    lines += reversal.rule_rows(data["baselines"], 3)
+    lines += ["", "Positive control (the forward questions, the direction the text states, >= 90% exact in every "
+                  "seed: the model learned the facts at this budget): "
+              + (f"**not passed by {', '.join(failed)}**: those rows decide nothing." if failed else "passed by every row."),
+              "", "Adapted against from scratch, exact match (ahead only where the mean +- std ranges do not overlap; "
+                  "'-': a row that failed the positive control):", "",
+              "| target | question | " + " | ".join(f"from gpt at {f:g}" for f in shares) + " |",
+              "|---|---|" + "---|" * len(shares)]
+    for target in (t for t in TARGETS if t != "gpt"):
+        for kind in ("backward", "backward, infill"):
+            scratch = runs_of(target, 0)
+            lines.append(f"| {target} | {kind} | " + " | ".join(
+                verdict([r["eval"][kind][0] for r in runs_of(target, f)], [r["eval"][kind][0] for r in scratch],
+                        "higher") if reversal.learned(scratch) and reversal.learned(runs_of(target, f)) else "-"
+                for f in shares) + " |")
+    lines += ["", f"Published, beside: {reversal.PUBLISHED}"]
+    return lines
+
+
 # ----------------------------------------------------------------------------- the experiment
 
-def main():
-    config, scale, device = resolve_experiment(DEFAULTS, SCALES, "adaptation")
+def study_part(config, scale, device):
+    """The study's text: every target adapted at every rate of the study's grid, the control, every kept backbone
+    scored. Writes out_dir/adaptation-<scale>.{md,json,png}."""
     s = SCALES[scale]
     ss = study.SCALES[s["study_scale"]]
     t0 = time.perf_counter()
@@ -445,6 +560,18 @@ def main():
                        "own": gpt_own}
     data.update(machine=machine_line(device, config), seconds=time.perf_counter() - t0)
     write_results(config["out_dir"], f"adaptation-{scale}", data, "\n".join(report(data)), plot)
+
+
+def main():
+    config, scale, device = resolve_experiment(DEFAULTS, SCALES, "adaptation")
+    if config["part"] not in ("all", "study", "reversal"):
+        raise UserError(f"--part={config['part']}: all, study (the study's text alone) or reversal (the reversal "
+                        f"task alone)")
+    check_writable([os.path.join(config["out_dir"], f"adaptation-reversal-{scale}{e}") for e in (".md", ".json")])
+    if config["part"] != "study":
+        reversal_part(config, scale, device)
+    if config["part"] != "reversal":
+        study_part(config, scale, device)
 
 
 if __name__ == "__main__":

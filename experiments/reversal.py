@@ -188,10 +188,59 @@ def rule_baselines(entities, eval_half):
     return out
 
 
+def prepare_task(seed, scale, work):
+    """The task of `seed` at `scale`, its two training texts written as datasets under `work` (left alone if they
+    hold the same): (entities, training half, evaluation half, stoi, {"data" | "data-reversed": dataset folder})."""
+    s = SCALES[scale]
+    rng = np.random.default_rng(seed)
+    entities = make_entities(s["entities"], rng, s["length"])
+    lines, train_half, eval_half = training_lines(entities)
+    folders = {}
+    for variant, reversed_copies in (("data", False), ("data-reversed", True)):
+        val = stream(lines, 1, np.random.default_rng(seed + 1), reversed_copies)
+        folders[variant] = os.path.join(work, variant)
+        stoi = char_dataset(folders[variant], stream(lines, s["repetitions"], rng, reversed_copies), val, CHARACTERS)
+    return entities, train_half, eval_half, stoi, folders
+
+
+def score(result, entities, train_half, eval_half, specials, stoi):
+    """One trained model's answers (train_all's summary): the evaluation half's questions, and, as a control, the
+    training half's backward questions."""
+    mode = mode_of(result, specials)
+    return {"eval": evaluate(result["model"].eval(), eval_half, entities, specials, stoi, mode=mode),
+            "train_half_backward": evaluate(result["model"], train_half, entities, specials, stoi, mode=mode)["backward"]}
+
+
+KINDS = ("forward", "backward", "backward, infill", "training half, backward")  # a row's columns
+
+
+def cells(runs):
+    """A row's cells over seeds (runs: score's records): exact match mean +- std (per character in brackets) for each
+    of KINDS, "-" for a kind the model cannot be asked."""
+    out = []
+    for kind in KINDS:
+        scores = [r["train_half_backward"] if kind == KINDS[-1] else r["eval"].get(kind) for r in runs]
+        out.append("-" if scores[0] is None else f"{plus_minus([e for e, _ in scores], 1, percent=True)} "
+                                                 f"({plus_minus([c for _, c in scores], 0, percent=True)})")
+    return out
+
+
+def learned(runs):
+    """The positive control of one row: the forward questions (the direction the text states) answered exactly in at
+    least 90% of cases in every seed, so that the task was learnable at this budget."""
+    return all(r["eval"]["forward"][0] >= 0.9 for r in runs)
+
+
+def rule_rows(baselines, columns_after):
+    """The rules' rows of a table whose columns are KINDS' first three, then `columns_after` more."""
+    return [f"| (rule) {rule} | " + " | ".join(f"{100 * scores[k][0]:.1f}% ({100 * scores[k][1]:.0f}%)" if k in scores
+                                              else "-" for k in KINDS[:3]) + " |" + " |" * columns_after
+            for rule, scores in baselines.items()]
+
+
 # ----------------------------------------------------------------------------- the experiment
 
 def report(data, s, scale):
-    kinds = ("forward", "backward", "backward, infill")
     lines = [QUICK_NOTE, ""] if scale == "quick" else []
     if data.get("interrupted"):
         lines += [f"**Interrupted: {len(data['runs'])} of {s['seeds']} seeds finished.**", ""]
@@ -210,23 +259,12 @@ def report(data, s, scale):
               "|---|---|---|---|---|---|"]
     for name in MODEL_NAMES:
         runs = [run["models"][name] for run in data["runs"] if name in run["models"]]
-        if not runs:
-            continue
-        cells = []
-        for kind in kinds + ("training half, backward",):
-            exact = [r["eval"][kind][0] if kind in r["eval"] else None for r in runs] if kind in kinds else \
-                [r["train_half_backward"][0] for r in runs]
-            chars = [r["eval"][kind][1] if kind in r["eval"] else None for r in runs] if kind in kinds else \
-                [r["train_half_backward"][1] for r in runs]
-            cells.append("-" if exact[0] is None else
-                         f"{plus_minus(exact, 1, percent=True)} ({plus_minus(chars, 0, percent=True)})")
-        cells.append(plus_minus([r["val_loss"] for r in runs], 3))
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    for rule, scores in data["baselines"].items():
-        cells = [f"{100 * scores[k][0]:.1f}% ({100 * scores[k][1]:.0f}%)" if k in scores else "-" for k in kinds]
-        lines.append(f"| (rule) {rule} | " + " | ".join(cells) + " | | |")
+        if runs:
+            lines.append(f"| {name} | " + " | ".join(cells(runs) + [plus_minus([r["val_loss"] for r in runs], 3)])
+                         + " |")
+    lines += rule_rows(data["baselines"], 2)
     control = [name for name in MODEL_NAMES
-               if any(run["models"].get(name, {}).get("eval", {}).get("forward", (1,))[0] < 0.9 for run in data["runs"])]
+               if not learned([run["models"][name] for run in data["runs"] if name in run["models"]])]
     lines += ["", "Positive control (the task is learnable at this budget: forward >= 90% in every seed): "
               + ("passed by every model." if not control else f"**not passed by {', '.join(control)}**: the budget "
                                                               f"is too small for them, and their rows decide nothing.")]
@@ -239,26 +277,14 @@ def main():
     result = result_name(config, MODEL_NAMES, "reversal", scale, SCALES[scale]["gpt_iters"])
     s = SCALES[scale]
     t0 = time.perf_counter()
-    rng = np.random.default_rng(config["seed"])
-    entities = make_entities(s["entities"], rng, s["length"])
-    lines, train_half, eval_half = training_lines(entities)
     work = os.path.join(config["out_dir"], "checkpoints", f"reversal-{scale}")
-    folders = {}
-    for variant, reversed_copies in (("data", False), ("data-reversed", True)):
-        val = stream(lines, 1, np.random.default_rng(config["seed"] + 1), reversed_copies)
-        stoi = char_dataset(os.path.join(work, variant), stream(lines, s["repetitions"], rng, reversed_copies), val,
-                            CHARACTERS)
-        folders[variant] = os.path.join(work, variant)
+    entities, train_half, eval_half, stoi, folders = prepare_task(config["seed"], scale, work)
     _, meta = load_dataset(folders["data"], s["block_size"], prepare_if_missing=False)
     specials = objectives.Specials.from_meta(meta)
     models = compared_models(folders["data-reversed"])
 
     def evaluate_models(trained):
-        return {name: {**run_record(result),
-                       "eval": evaluate(result["model"].eval(), eval_half, entities, specials, stoi,
-                                        mode=mode_of(result, specials)),
-                       "train_half_backward": evaluate(result["model"], train_half, entities, specials, stoi,
-                                                       mode=mode_of(result, specials))["backward"]}
+        return {name: {**run_record(result), **score(result, entities, train_half, eval_half, specials, stoi)}
                 for name, result in trained.items()}
 
     models, checkpoints = select(config, models, work)

@@ -226,6 +226,62 @@ def test_the_quick_run_reports_every_row_its_rules_verdicts_and_control(quick):
     assert os.path.exists(out / "adaptation-quick.png") or "matplotlib" not in sys.modules
 
 
+def test_the_reversal_tasks_targets_start_from_its_own_gpt_and_add_up_to_its_budget(quick):
+    """Claim X4 on adapted models: each target of the reversal task starts from the gpt trained on that task's
+    text at its share (not the study's), and both phases add up to reversal.py's budget."""
+    from experiments.reversal import SCALES
+    _, _, out = quick
+    with open(out / "adaptation-reversal-quick.json") as f:
+        data = json.load(f)
+    work = os.path.join(str(out), "checkpoints", "reversal-quick")
+    rows = {(r["target"], r["share"], r["seed"]): r for r in data["rows"]}
+    assert {(t, f) for t, f, _ in rows} == {(t, f) for t in ("gpt", "bert", "diffusion", "t5") for f in (0, 0.5)}
+    per_step = data["budget_flops"] / SCALES["quick"]["gpt_iters"]
+    for (target, share, seed), row in rows.items():
+        if share and target != "gpt":
+            checkpoint = torch.load(os.path.join(work, f"from-adapt{share:g}-lr0.003-seed{seed}-{target}", "ckpt.pt"),
+                                    map_location="cpu", weights_only=False)
+            assert checkpoint["config"]["init_from"] == os.path.join(work, f"budget{share:g}-seed{seed}-gpt")
+            assert row["gpt_flops"] == rows[("gpt", share, seed)]["flops"] > 0
+        total = row["gpt_flops"] + row["flops"]
+        wanted = data["budget_flops"] * (share if target == "gpt" and share else 1)
+        assert wanted <= total < wanted + 2 * per_step * 1.1  # at most a step over each phase (t5's a bit dearer)
+    text = (out / "adaptation-reversal-quick.md").read_text()
+    assert "| bert, from gpt at 0.5 |" in text and "(rule) lookup of the facts both ways" in text
+
+
+def test_the_reversal_verdicts_read_only_rows_that_learned_the_facts():
+    """A row whose model did not learn the facts (forward under 90% in a seed) decides nothing (the positive
+    control), and a difference is called only where the ranges do not overlap."""
+    from experiments import reversal
+    from experiments.adaptation import reversal_report
+
+    def row(target, share, seed, forward, backward):
+        return {"target": target, "share": share, "seed": seed, "val_loss": 1.0, "flops": 1.0, "gpt_flops": 0.0,
+                "eval": {"forward": (forward, forward), "backward": (backward, backward),
+                         "backward, infill": (1.0, 1.0)}, "train_half_backward": (1.0, 1.0)}
+    rows = []
+    for seed in (1, 2, 3):
+        rows += [row("gpt", 0, seed, 1.0, 0.0), row("gpt", 0.5, seed, 1.0, 0.0),
+                 row("bert", 0, seed, 1.0, 0.1 + seed / 100), row("bert", 0.5, seed, 1.0, 0.6 + seed / 100),
+                 row("diffusion", 0, seed, 1.0, 0.1), row("diffusion", 0.5, seed, 0.95 - seed / 10, 0.9),
+                 row("t5", 0, seed, 0.95, 0.5 + seed / 100), row("t5", 0.5, seed, 1.0, 0.1 * seed)]
+    data = {"scale": "cpu", "sizes": reversal.SCALES["cpu"], "seeds": [1, 2, 3], "shares": [0.5], "rows": rows,
+            "budget_flops": 1.0, "baselines": {}, "machine": "a machine", "seconds": 60.0}
+    text = "\n".join(reversal_report(data))
+    assert "| bert | backward | adapted ahead |" in text and "| bert | backward, infill | within noise |" in text
+    assert "| diffusion | backward | - |" in text and "not passed by diffusion, from gpt at 0.5**" in text
+    assert "| t5 | backward | scratch ahead |" in text
+
+
+def test_an_unknown_part_is_one_line(tmp_path):
+    result = run_script("experiments/adaptation.py", "--quick", "--part=both", f"--out_dir={tmp_path / 'o'}")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "--part=both" in lines[0] and "reversal" in lines[0]
+    assert not list((tmp_path / "o").glob("adaptation*"))
+
+
 def test_verdicts_call_a_difference_only_when_the_ranges_do_not_overlap():
     from experiments.adaptation import verdict
     assert verdict([1.0, 1.1, 0.9], [2.0, 2.1, 1.9], "lower") == "adapted ahead"
