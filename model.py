@@ -1,15 +1,17 @@
 """
 One Transformer for every architecture in the debate (claims A1, A2).
 
-gpt, bert and prefixlm are literally the same modules: one stack of `Block`s. The only line that differs is
-ATTENTION_OF_ARCH below, the mask each query row gets. t5 is two stacks of the same `Block`, the decoder's blocks
-adding cross-attention to the encoder's output. Read leaf to root: rotary positions, attention, MLP, block,
-config (with size presets), model. What published BERT and T5 weights compute differently (post-norm, RMSNorm,
-T5's relative position bias, ...) is built on these modules in infra/published_model.py; GPT-2 needs nothing more.
+gpt, bert and prefixlm are literally the same modules: one stack of `Block`s. The only line that
+differs is ATTENTION_OF_ARCH below, the mask each query row gets. t5 is two stacks of the same
+`Block`, the decoder's blocks adding cross-attention to the encoder's output. Read leaf to root:
+rotary positions, attention, MLP, block, config (with size presets), model. What published BERT and
+T5 weights compute differently (post-norm, RMSNorm, T5's relative position bias, ...) is built on
+these modules in infra/published_model.py; GPT-2 needs nothing more.
 
-One attention function (`Attention.forward`) serves self-attention, cross-attention and cached decoding.
+One attention function (`Attention.forward`) serves self-attention, cross-attention
+and cached decoding.
 
-    python model.py     # claims B3 (the published sizes), A1 (one set of modules) and D5 (NoPE), in seconds
+    python model.py     # claims B3 (the published sizes), A1 (one set of modules) and D5 (NoPE)
 """
 import math
 from dataclasses import dataclass
@@ -22,15 +24,17 @@ import masks
 
 IGNORE_INDEX = -100  # targets equal to this carry no loss (unsupervised positions)
 
-# The whole difference between the single-stack architectures (claim A1): the attention kind (masks.py) of each
+# The whole difference between the single-stack architectures (claim A1): the attention kind
+# (masks.py) of each
 ATTENTION_OF_ARCH = {"gpt": "causal", "bert": "bidirectional", "prefixlm": "prefix"}
-ARCHS = ("gpt", "bert", "prefixlm", "t5")  # t5: bidirectional encoder + causal decoder + cross-attention (A1, A2)
+ARCHS = ("gpt", "bert", "prefixlm", "t5")  # t5: bidirectional encoder + causal decoder +
+                                           # cross-attention (A1, A2)
 POSITION_KINDS = ("learned", "rope", "none")  # "none" is NoPE (claim D5)
 
 
 class RotaryPositions(nn.Module):
-    """Rotary position embedding: rotate each (even, odd) pair of q/k features by an angle proportional to the
-    position, so q.k depends on the relative offset. No parameters."""
+    """Rotary position embedding: rotate each (even, odd) pair of q/k features by an angle
+    proportional to the position, so q.k depends on the relative offset. No parameters."""
 
     def __init__(self, head_size, max_length, base=10000.0):
         super().__init__()
@@ -42,15 +46,17 @@ class RotaryPositions(nn.Module):
     def forward(self, x, start):
         # x: (B, nh, T, hs); positions start .. start+T-1
         T = x.size(2)
-        cos, sin = self.cos[start:start + T].to(x.dtype), self.sin[start:start + T].to(x.dtype)  # (T, hs/2)
+        # (T, hs/2)
+        cos, sin = self.cos[start:start + T].to(x.dtype), self.sin[start:start + T].to(x.dtype)
         x1, x2 = x[..., 0::2], x[..., 1::2]
         return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
 
 def explicit_attention_probabilities(q, k, attn_mask=None, is_causal=False, scale=None):
-    """The plain reference: softmax(q k^T * scale + mask), (B, nh, Tq, Tk), scale = 1/sqrt(d) unless given. SDPA
-    computes the same thing without materialising it; tests check the two agree, and the claim D3 analysis reads
-    these matrices. A boolean mask hides keys; a float mask is added to the scores (T5's position bias)."""
+    """The plain reference: softmax(q k^T * scale + mask), (B, nh, Tq, Tk), scale = 1/sqrt(d) unless
+    given. SDPA computes the same thing without materialising it; tests check the two agree, and the
+    claim D3 analysis reads these matrices. A boolean mask hides keys; a float mask is added to the
+    scores (T5's position bias)."""
     scores = q @ k.transpose(-2, -1) * (1 / math.sqrt(q.size(-1)) if scale is None else scale)
     if is_causal:  # only used with Tq == Tk (masks.attention_mask guarantees it)
         attn_mask = masks.causal_mask(q.size(-2), k.size(-2), q.device)
@@ -62,10 +68,10 @@ def explicit_attention_probabilities(q, k, attn_mask=None, is_causal=False, scal
 
 
 class Attention(nn.Module):
-    """Multi-head attention. Queries, keys and values come from `x` (self-attention), or the keys and values are
-    given: `memory_kv`, t5's cross-attention, the K/V of the encoder output computed once. An optional `cache`
-    (kvcache.LayerCache) stores self-attention K/V across calls. `mask` is (attn_mask, is_causal), as
-    masks.attention_mask returns it."""
+    """Multi-head attention. Queries, keys and values come from `x` (self-attention), or the keys
+    and values are given: `memory_kv`, t5's cross-attention, the K/V of the encoder output computed
+    once. An optional `cache` (kvcache.LayerCache) stores self-attention K/V across calls. `mask` is
+    (attn_mask, is_causal), as masks.attention_mask returns it."""
 
     def __init__(self, config):
         super().__init__()
@@ -98,13 +104,15 @@ class Attention(nn.Module):
             if rotary is not None:
                 q, k = rotary(q, start), rotary(k, start)
             if cache is not None:
-                # claim D4: under a causal mask the K/V of position i depend only on tokens 0..i, so the cache
-                # keeps them and the new queries attend to [cached ; new]
+                # claim D4: under a causal mask the K/V of position i depend only on tokens 0..i, so
+                # the cache keeps them and the new queries attend to [cached ; new]
                 k, v = cache.update(k, v)  # (B, nh, start+T, hs)
         if self.record_probabilities:
-            self.probabilities = explicit_attention_probabilities(q, k, attn_mask, is_causal).detach()
+            probabilities = explicit_attention_probabilities(q, k, attn_mask, is_causal)
+            self.probabilities = probabilities.detach()
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                                           dropout_p=self.dropout if self.training else 0.0)  # (B, nh, T, hs)
+                                           dropout_p=self.dropout if self.training else 0.0)
+        # y: (B, nh, T, hs)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.proj(y))
 
@@ -113,7 +121,8 @@ class MLP(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.fc = nn.Linear(config.n_embd, config.d_ff, bias=config.bias)
-        self.activation = nn.GELU(approximate="tanh")  # GPT-2's (docs/reliability.md: why not the exact one)
+        self.activation = nn.GELU(approximate="tanh")  # GPT-2's (docs/reliability.md: why not the
+                                                       # exact one)
         self.proj = nn.Linear(config.d_ff, config.n_embd, bias=config.bias)
         self.proj.residual_output = True
         self.dropout = nn.Dropout(config.dropout)
@@ -123,9 +132,9 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm Transformer block. With cross_attention=True (t5's decoder) it gains one more sub-layer that
-    reads the encoder output, `cross` = (its K/V, its padding mask); that is the only new module
-    encoder-decoder needs (claim A2)."""
+    """Pre-norm Transformer block. With cross_attention=True (t5's decoder) it gains one more
+    sub-layer that reads the encoder output, `cross` = (its K/V, its padding mask); that is the only
+    new module encoder-decoder needs (claim A2)."""
 
     def __init__(self, config, cross_attention=False):
         super().__init__()
@@ -141,7 +150,8 @@ class Block(nn.Module):
         x = x + self.attention(self.norm_1(x), mask, rotary, start, cache)
         if cross is not None:
             memory_kv, memory_mask = cross
-            x = x + self.cross_attention(self.norm_cross(x), (memory_mask, False), memory_kv=memory_kv)
+            x = x + self.cross_attention(self.norm_cross(x), (memory_mask, False),
+                                         memory_kv=memory_kv)
         return x + self.mlp(self.norm_2(x))
 
 
@@ -158,8 +168,10 @@ class ModelConfig:
     dropout: float = 0.0
     bias: bool = True           # biases in Linear and LayerNorm
     position: str = "learned"   # learned | rope | none (NoPE, claim D5)
-    init_std: float = 0.02      # GPT-2's N(0, 0.02) for every weight (experiments/plateau.py varies it)
-    shift_logits: bool = False  # a diffusion model adapted from gpt: position i - 1's output scores token i
+    init_std: float = 0.02      # GPT-2's N(0, 0.02) for every weight
+                                # (experiments/plateau.py varies it)
+    shift_logits: bool = False  # a diffusion model adapted from gpt: position i - 1's
+                                # output scores token i
 
     def __post_init__(self):
         if self.d_ff == 0:
@@ -168,18 +180,21 @@ class ModelConfig:
             self.n_decoder_layer = self.n_layer
 
     def validate(self):
-        """Raise ValueError with a one-line, actionable message for a config that cannot be built."""
+        """Raise ValueError with a one-line, actionable message for a config that
+        cannot be built."""
         if self.arch not in ARCHS:
             raise ValueError(f"unknown arch {self.arch!r}: choose one of {', '.join(ARCHS)}")
         if self.position not in POSITION_KINDS:
-            raise ValueError(f"unknown position {self.position!r}: choose one of {', '.join(POSITION_KINDS)}")
+            raise ValueError(f"unknown position {self.position!r}: choose one of "
+                             f"{', '.join(POSITION_KINDS)}")
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "d_ff"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.arch == "t5" and self.n_decoder_layer < 1:
             raise ValueError("n_decoder_layer must be at least 1 for t5 (0 = as many as n_layer)")
         if self.arch != "t5" and self.n_decoder_layer:
-            raise ValueError(f"n_decoder_layer is for t5 only; {self.arch} has one stack (set n_layer)")
+            raise ValueError(f"n_decoder_layer is for t5 only; {self.arch} has one stack (set "
+                             "n_layer)")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}: "
                              f"pick n_embd a multiple of n_head")
@@ -191,14 +206,16 @@ class ModelConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
 
 
-# Published sizes (parameter counts checked in tests/test_model.py against the reference implementations):
+# Published sizes
+# (parameter counts checked in tests/test_model.py against the reference implementations):
 PRESETS = {
     # GPT-2 small: 124,439,808 parameters (HF GPT2LMHeadModel, tied embeddings)
     "gpt2": dict(arch="gpt", vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768),
     # BERT-base: 109,482,240 in HF BertModel ("110M"); ours lacks the segment embeddings and pooler
-    "bert-base": dict(arch="bert", vocab_size=30522, block_size=512, n_layer=12, n_head=12, n_embd=768),
-    # T5-small: 60,506,624 (HF T5Model, shared embeddings, no biases, relative positions: we use rotary, also
-    # parameter-free and relative)
+    "bert-base": dict(arch="bert", vocab_size=30522, block_size=512, n_layer=12, n_head=12,
+                      n_embd=768),
+    # T5-small: 60,506,624 (HF T5Model, shared embeddings, no biases, relative positions: we use
+    # rotary, also parameter-free and relative)
     "t5-small": dict(arch="t5", vocab_size=32128, block_size=512, n_layer=6, n_head=8, n_embd=512,
                      d_ff=2048, bias=False, position="rope"),
     # small presets for a CPU
@@ -215,7 +232,8 @@ class Transformer(nn.Module):
         self.config = config
         self.token_embedding = nn.Embedding(config.vocab_size, config.n_embd)
         if config.position == "learned":
-            self.position_embedding = nn.Embedding(config.block_size, config.n_embd)  # shared by both t5 stacks
+            # shared by both t5 stacks
+            self.position_embedding = nn.Embedding(config.block_size, config.n_embd)
         self.rotary = (RotaryPositions(config.n_embd // config.n_head, config.block_size)
                        if config.position == "rope" else None)
         self.dropout = nn.Dropout(config.dropout)
@@ -231,7 +249,8 @@ class Transformer(nn.Module):
         self.apply(self._init_weights)
 
     def _init_weights(self, module):
-        if isinstance(module, nn.Linear):  # GPT-2: outputs into the residual stream scaled by its depth
+        if isinstance(module, nn.Linear):
+            # GPT-2: outputs into the residual stream scaled by its depth
             depth = 2 * (self.config.n_layer + self.config.n_decoder_layer)
             std = self.config.init_std
             std = std / math.sqrt(depth) if getattr(module, "residual_output", False) else std
@@ -242,7 +261,8 @@ class Transformer(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
 
     def attention_maps(self, ids, prefix_length=None):
-        """Every layer's attention probabilities for ids: a list of (B, nh, T, T), computed explicitly."""
+        """Every layer's attention probabilities for ids: a list of (B, nh, T, T),
+        computed explicitly."""
         layers = [block.attention for block in self.blocks]
         for attention in layers:
             attention.record_probabilities = True
@@ -266,22 +286,25 @@ class Transformer(nn.Module):
     def embed(self, ids, start=0):
         T = ids.size(1)
         if start + T > self.config.block_size:
-            raise ValueError(f"sequence of length {start + T} is longer than block_size={self.config.block_size}")
+            raise ValueError(f"sequence of length {start + T} is longer than "
+                             f"block_size={self.config.block_size}")
         x = self.token_embedding(ids)  # (B, T, C)
         if self.config.position == "learned":
             x = x + self.position_embedding(torch.arange(start, start + T, device=ids.device))
         return self.dropout(x)
 
     def run_stack(self, ids, prefix_length=None, lengths=None, cache=None, attention=None):
-        """gpt / bert / prefixlm: one stack, the mask picked by the arch. Returns the final hidden states.
-        lengths (B,): the real length of each row of right-padded ids (padded keys hidden). attention: a (T, T)
-        boolean mask used instead of the arch's (a gpt being opened into a diffusion model: masks.annealed_mask)."""
+        """gpt / bert / prefixlm: one stack, the mask picked by the arch. Returns the final hidden
+        states. lengths (B,): the real length of each row of right-padded ids (padded keys hidden).
+        attention: a (T, T) boolean mask used instead of the arch's (a gpt being opened into a
+        diffusion model: masks.annealed_mask)."""
         start = cache.length if cache is not None else 0
         x = self.embed(ids, start)  # (B, T, C)
         T = ids.size(1)
-        # the one line where gpt, bert and prefixlm differ (claim A1): the attention kind of the arch
-        mask = masks.attention_mask(ATTENTION_OF_ARCH[self.config.arch], T, start + T, prefix_length=prefix_length,
-                                    lengths=lengths, device=ids.device)
+        # the one line where gpt, bert and prefixlm differ (claim A1): the
+        # attention kind of the arch
+        mask = masks.attention_mask(ATTENTION_OF_ARCH[self.config.arch], T, start + T,
+                                    prefix_length=prefix_length, lengths=lengths, device=ids.device)
         if attention is not None:  # a mask given instead (training windows: no padding to hide)
             mask = (attention, False)
         for i, block in enumerate(self.blocks):
@@ -291,16 +314,19 @@ class Transformer(nn.Module):
         return self.final_norm(x)
 
     def encode(self, ids, lengths=None):
-        """t5's encoder: the same blocks, bidirectional (padding hidden when examples have different lengths)."""
+        """t5's encoder: the same blocks, bidirectional
+        (padding hidden when examples have different lengths)."""
         x = self.embed(ids)
-        mask = masks.attention_mask("bidirectional", ids.size(1), ids.size(1), lengths=lengths, device=ids.device)
+        mask = masks.attention_mask("bidirectional", ids.size(1), ids.size(1), lengths=lengths,
+                                    device=ids.device)
         for block in self.blocks:
             x = block(x, mask, self.rotary)
         return self.final_norm(x)  # (B, T_enc, C), "memory"
 
     def decode(self, ids, memory=None, lengths=None, cache=None):
-        """t5's decoder: causal self-attention plus cross-attention to the encoder output `memory` (lengths: its
-        rows' real lengths). With a cache, `memory` is not needed: its K/V were stored once in the cache."""
+        """t5's decoder: causal self-attention plus cross-attention to the encoder output `memory`
+        (lengths: its rows' real lengths). With a cache, `memory` is not needed: its K/V were stored
+        once in the cache."""
         start = cache.length if cache is not None else 0
         x = self.embed(ids, start)
         T = ids.size(1)
@@ -308,7 +334,8 @@ class Transformer(nn.Module):
         if cache is not None:
             memory_kv, memory_mask = cache.memory_kv, cache.memory_mask
         else:
-            memory_kv = [block.cross_attention.keys_and_values(memory) for block in self.decoder_blocks]
+            memory_kv = [block.cross_attention.keys_and_values(memory)
+                         for block in self.decoder_blocks]
             memory_mask = None if lengths is None else masks.attention_mask(
                 "bidirectional", T, memory.size(1), lengths=lengths, device=ids.device)[0]
         for i, block in enumerate(self.decoder_blocks):
@@ -320,22 +347,25 @@ class Transformer(nn.Module):
 
     def forward(self, inputs, targets=None, prefix_length=None, decoder_inputs=None, lengths=None,
                 loss_weights=None, attention=None):
-        """Logits for every position (B, T, V) and, with targets, the mean loss over supervised positions.
+        """Logits for every position (B, T, V) and, with targets, the mean loss over
+        supervised positions.
 
         inputs: (B, T) token ids (t5: the encoder's input; lengths (B,) when its rows are padded).
-        decoder_inputs: (B, T_dec), t5 only. targets: aligned with the positions that produce logits,
-        IGNORE_INDEX where there is no loss. loss_weights: optional (B, T) per-position weights (masked
-        diffusion's 1/t); the loss is then sum(weight * cross-entropy) / number of positions, an ELBO rather than
-        a mean (claim C4). attention: see run_stack."""
+        decoder_inputs: (B, T_dec), t5 only. targets: aligned with the positions that produce
+        logits, IGNORE_INDEX where there is no loss. loss_weights: optional (B, T) per-position
+        weights (masked diffusion's 1/t); the loss is then sum(weight * cross-entropy) / number of
+        positions, an ELBO rather than a mean (claim C4). attention: see run_stack."""
         if self.config.arch == "t5":
             memory = self.encode(inputs, lengths)
             hidden = self.decode(decoder_inputs, memory, lengths)
         else:
             hidden = self.run_stack(inputs, prefix_length, lengths, attention=attention)
         logits = self.logits(hidden)  # (B, T, V): every position, MLM needs them all
-        if self.config.shift_logits:  # adapted from gpt (DiffuGPT): gpt's head at i - 1 goes on predicting token i;
-            # realigned so that row i scores token i as in every other model. Row 0 has no position before it: it
-            # is uniform, and the diffusion objective never masks position 0 of such a model
+        if self.config.shift_logits:
+            # adapted from gpt (DiffuGPT): gpt's head at i - 1 goes on predicting token i;
+            # realigned so that row i scores token i as in every other model. Row 0 has no position
+            # before it: it is uniform, and the diffusion objective never masks
+            # position 0 of such a model
             logits = torch.cat([torch.zeros_like(logits[:, :1]), logits[:, :-1]], dim=1)
         if targets is None:
             return logits, None
@@ -350,24 +380,28 @@ class Transformer(nn.Module):
         flat_logits, flat_targets = logits.float().view(-1, logits.size(-1)), targets.reshape(-1)
         if loss_weights is None:
             return F.cross_entropy(flat_logits, flat_targets, ignore_index=IGNORE_INDEX)
-        per_position = F.cross_entropy(flat_logits, flat_targets, ignore_index=IGNORE_INDEX, reduction="none")
+        per_position = F.cross_entropy(flat_logits, flat_targets, ignore_index=IGNORE_INDEX,
+                                       reduction="none")
         return (per_position * loss_weights.reshape(-1)).sum() / flat_targets.numel()
 
     def training_flops(self, batch):
-        """Forward + backward FLOPs of one training step on `batch` (an objectives.Batch: inputs (B, T) and, for
-        t5, decoder_inputs (B, T_dec)): 6 FLOPs per parameter per token that passes through it, plus attention's
-        12 * layers * T_query * T_key * d (nanoGPT/PaLM accounting; the full score matrix is counted, masked or
-        not). t5's encoder tokens skip the output head; its decoder also attends to the encoder."""
+        """Forward + backward FLOPs of one training step on `batch` (an objectives.Batch: inputs (B,
+        T) and, for t5, decoder_inputs (B, T_dec)): 6 FLOPs per parameter per token that passes
+        through it, plus attention's 12 * layers * T_query * T_key * d (nanoGPT/PaLM accounting; the
+        full score matrix is counted, masked or not). t5's encoder tokens skip the output head; its
+        decoder also attends to the encoder."""
         config = self.config
         B, T = batch.inputs.shape
         T_dec = batch.decoder_inputs.size(1) if batch.decoder_inputs is not None else 0
         block_params = sum(p.numel() for p in self.blocks.parameters())
         head_params = config.vocab_size * config.n_embd
         if config.arch != "t5":
-            return B * (6 * T * (block_params + head_params) + 12 * config.n_layer * T ** 2 * config.n_embd)
+            return B * (6 * T * (block_params + head_params)
+                        + 12 * config.n_layer * T ** 2 * config.n_embd)
         decoder_params = sum(p.numel() for p in self.decoder_blocks.parameters())
         # cross-attention keys/values are projected from the encoder's tokens, not the decoder's
-        cross_kv = sum(p.numel() for b in self.decoder_blocks for p in b.cross_attention.key_value.parameters())
+        cross_kv = sum(p.numel() for b in self.decoder_blocks
+                       for p in b.cross_attention.key_value.parameters())
         return B * (6 * T * (block_params + cross_kv) + 12 * config.n_layer * T ** 2 * config.n_embd
                     + 6 * T_dec * (decoder_params - cross_kv + head_params)
                     + 12 * config.n_decoder_layer * (T_dec ** 2 + T_dec * T) * config.n_embd)
@@ -377,7 +411,8 @@ class Transformer(nn.Module):
         params = [p for p in self.parameters() if p.requires_grad]
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-        extra = {"fused": True} if device_type in ("cuda", "cpu") else {}  # one kernel, not a loop over tensors
+        # one kernel, not a loop over tensors
+        extra = {"fused": True} if device_type in ("cuda", "cpu") else {}
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, **extra)
 
 
@@ -389,29 +424,39 @@ def config_from_preset(name, **overrides):
 
 def describe(model):
     c = model.config
-    stacks = f"{c.n_layer} encoder + {c.n_decoder_layer} decoder layers" if c.arch == "t5" else f"{c.n_layer} layers"
-    return f"{c.arch}: {stacks}, {c.n_head} heads, {c.n_embd} dims, {model.num_parameters() / 1e6:.2f}M parameters"
+    stacks = f"{c.n_layer} layers"
+    if c.arch == "t5":
+        stacks = f"{c.n_layer} encoder + {c.n_decoder_layer} decoder layers"
+    millions = model.num_parameters() / 1e6
+    return f"{c.arch}: {stacks}, {c.n_head} heads, {c.n_embd} dims, {millions:.2f}M parameters"
 
 
 def demo():
     """What `python model.py` prints: claims B3, A1 and D5 in a few seconds, on random weights."""
-    for preset in ("gpt2", "bert-base", "t5-small"):  # the published sizes, built without memory (meta device)
+    for preset in ("gpt2", "bert-base", "t5-small"):
+        # the published sizes, built without memory (meta device)
         with torch.device("meta"):
-            print(f"B3: {preset:10s} {describe(Transformer(config_from_preset(preset)))}", flush=True)
+            print(f"B3: {preset:10s} {describe(Transformer(config_from_preset(preset)))}",
+                  flush=True)
     torch.manual_seed(0)
-    small = {arch: Transformer(ModelConfig(arch=arch, vocab_size=65, block_size=16, n_layer=2, n_head=2, n_embd=32,
-                                           position="none")).eval() for arch in ARCHS}
-    print("A1: the same 2 layers x 32 dims: " + ", ".join(f"{a} {m.num_parameters():,}" for a, m in small.items())
-          + " parameters (gpt, bert, prefixlm: one set of modules, only the mask differs; t5: two stacks and "
-          "cross-attention)")
+    small = {arch: Transformer(ModelConfig(arch=arch, vocab_size=65, block_size=16, n_layer=2,
+                                           n_head=2, n_embd=32, position="none")).eval()
+             for arch in ARCHS}
+    print("A1: the same 2 layers x 32 dims: "
+          + ", ".join(f"{a} {m.num_parameters():,}" for a, m in small.items())
+          + " parameters (gpt, bert, prefixlm: one set of modules, only the mask differs; t5: two "
+          "stacks and cross-attention)")
     ids = torch.arange(8)[None]  # eight different tokens, then the same eight in reverse order
     with torch.no_grad():
-        for arch in ("bert", "gpt"):  # no position embedding at all (NoPE): can the model tell the order?
-            forward, backward = small[arch](ids)[0][0], small[arch](ids.flip(1))[0][0].flip(0)  # token by token
-            print(f"D5: {arch} without positions, the sequence reversed: each token's output changes by up to "
-                  f"{(forward - backward).abs().max().item():.1e}")
-    print("D5: bert reads a bag of tokens and cannot tell the order; under the causal mask a position sees itself "
-          "and the tokens before it, so how much it sees tells it where it is")
+        for arch in ("bert", "gpt"):
+            # no position embedding at all (NoPE): can the model tell the order?
+            # token by token
+            forward, backward = small[arch](ids)[0][0], small[arch](ids.flip(1))[0][0].flip(0)
+            print(f"D5: {arch} without positions, the sequence reversed: each token's output "
+                  f"changes by up to {(forward - backward).abs().max().item():.1e}")
+    print("D5: bert reads a bag of tokens and cannot tell the order; under the causal mask a "
+          "position sees itself and the tokens before it, so how much it sees tells it where it "
+          "is")
 
 
 if __name__ == "__main__":

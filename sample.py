@@ -2,18 +2,22 @@
 Generate from a checkpoint written by train.py.
 
     python sample.py --out_dir=out-gpt --start="ROMEO:" --max_new_tokens=240
-    python sample.py --out_dir=out-gpt --no_cache          # full recomputation each token, for comparison
-    python sample.py --out_dir=out-bert --steps=16         # mask-predict: N [MASK]s filled over 16 forward passes
-    python sample.py --init_from=gpt2 --start="The king"   # published weights (pretrained.py; transformers, the hub)
-    python sample.py --out_dir=out-gpt --compile=True --num_samples=32  # compiled decoding, 32 streams, one prefill
+    python sample.py --out_dir=out-gpt --no_cache     # full recomputation each token, to compare
+    python sample.py --out_dir=out-bert --steps=16    # mask-predict: N [MASK]s over 16 passes
+    python sample.py --init_from=gpt2 --start="The king"
+        # published weights (pretrained.py; transformers, the hub)
+    python sample.py --out_dir=out-gpt --compile=True --num_samples=32
+        # compiled decoding, 32 streams, one prefill
 
-gpt, prefixlm and t5 decode left to right with a KV cache (kvcache.py): `generate`, against its plain reference
-`generate_uncached` (the whole context again for every token; both write identical tokens). bert cannot (claim
-D4). Its conditionals can be chained in any order, and each order gives a normalised distribution (python
-objectives.py chains two), but the orders disagree: they belong to no single joint (claim C4), so there is no one
-p(x) to sample left to right. bert fills [MASK] placeholders by iterative unmasking instead (`unmask`,
-`iterative_unmask`), which is also the sampler of a masked-diffusion model (--objective=diffusion). Read top to bottom: one token from logits, the left-to-right samplers, the unmasking
-samplers, then the command. Every run prints the text, the number of forward passes and the decode speed.
+gpt, prefixlm and t5 decode left to right with a KV cache (kvcache.py): `generate`, against its
+plain reference `generate_uncached` (the whole context again for every token; both write identical
+tokens). bert cannot (claim D4). Its conditionals can be chained in any order, and each order gives
+a normalised distribution (python objectives.py chains two), but the orders disagree: they belong to
+no single joint (claim C4), so there is no one p(x) to sample left to right. bert fills [MASK]
+placeholders by iterative unmasking instead (`unmask`, `iterative_unmask`), which is also the
+sampler of a masked-diffusion model (--objective=diffusion). Read top to bottom: one token from
+logits, the left-to-right samplers, the unmasking samplers, then the command. Every run prints the
+text, the number of forward passes and the decode speed.
 """
 import math
 import os
@@ -22,12 +26,14 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while it loads ends quietly)
+# before torch: a Ctrl-C while it loads ends quietly
+import infra.quiet_interrupts  # noqa: E402,F401
 
 import torch
 
 from infra.checkpoint import load_model
-from infra.configurator import UserError, apply_overrides, check_compiler, pick_device, read_text_file, run_main
+from infra.configurator import (UserError, apply_overrides, check_compiler, pick_device,
+                                 read_text_file, run_main)
 from infra.decode_layout import decoding_step
 from infra.pretrained import tokenizer_for
 from infra.progress import StopSignalsWithProgress
@@ -36,7 +42,8 @@ from model import ATTENTION_OF_ARCH
 from objectives import Specials
 
 DEFAULTS = dict(
-    init_from="",             # "" = the checkpoint in out_dir; or gpt2, bert-base-uncased, t5-small, a folder (HF)
+    init_from="",             # "" = the checkpoint in out_dir; or gpt2, bert-base-uncased,
+                              # t5-small, a folder (HF)
     out_dir="out-gpt",
     checkpoint="ckpt.pt",     # or best.pt
     start="\n",               # prompt text, or FILE:path to read it from a file
@@ -48,27 +55,31 @@ DEFAULTS = dict(
     device="auto",
     no_cache=False,           # recompute the whole sequence for every new token
     steps=32,                 # bert / diffusion: forward passes of iterative unmasking
-    order="confident",        # bert / diffusion: reveal the most confident positions first, the largest top-2
-                              # margin (margin), or random ones
+    order="confident",        # bert / diffusion: reveal the most confident positions first, the
+                              # largest top-2 margin (margin), or random ones
     block_length=0,           # bert / diffusion: > 0 = semi-autoregressive blocks left to right
-    compile=False,            # gpt / prefixlm / t5: torch.compile the one-token decoding step (bench.py 4c; on a
-                              # CPU a 256-wide model compiles for 40-45 s, then decodes 2-3x faster: docs/speed.md)
+    compile=False,            # gpt / prefixlm / t5: torch.compile the one-token decoding step
+                              # (bench.py 4c; on a CPU a 256-wide model compiles for 40-45 s, then
+                              # decodes 2-3x faster: docs/speed.md)
 )
 
 
-# ----------------------------------------------------------------------------- one token from logits
+# ---------------------------------------------------------------------------- one token from logits
 
 @dataclass(frozen=True)
 class Sampling:
-    """How a sampler chooses: the token at a position (temperature, 0 = greedy; top_k, None = all; the ids never
-    chosen; the random generator) and, when unmasking (bert), which positions go first and in blocks of what
-    length."""
+    """How a sampler chooses: the token at a position (temperature, 0 = greedy; top_k, None = all;
+    the ids never chosen; the random generator) and, when unmasking (bert), which positions go first
+    and in blocks of what length."""
     temperature: float = 1.0
     top_k: int | None = None
-    banned: torch.Tensor | None = None   # ids never sampled: [PAD], [MASK], ... (objectives.Specials.banned)
+    banned: torch.Tensor | None = None   # ids never sampled: [PAD], [MASK], ...
+                                         # (objectives.Specials.banned)
     generator: torch.Generator | None = None
-    order: str = "confident"             # unmasking: which positions first, one of UNMASK_ORDERS (unmask)
-    block_length: int = 0                # unmasking: > 0 = semi-autoregressive blocks, left to right
+    order: str = "confident"             # unmasking: which positions first, one of
+                                         # UNMASK_ORDERS (unmask)
+    block_length: int = 0                # unmasking: > 0 = semi-autoregressive
+                                         # blocks, left to right
 
     def allowed(self, logits):
         """The logits with the banned ids at -inf."""
@@ -90,8 +101,8 @@ GREEDY = Sampling(temperature=0)
 
 
 class T5Prompt(NamedTuple):
-    """t5's prompt: what the encoder reads, (N, S) one row per sample (lengths (N,) when rows are padded), and
-    the token the decoder starts from."""
+    """t5's prompt: what the encoder reads, (N, S) one row per sample (lengths (N,) when rows are
+    padded), and the token the decoder starts from."""
     encoder_inputs: torch.Tensor
     lengths: torch.Tensor | None
     start_token: int
@@ -100,32 +111,36 @@ class T5Prompt(NamedTuple):
 # ----------------------------------------------------------------------------- left to right
 
 def start_sequence(model, prompt):
-    """What generation continues, one row per sample: the prompt (gpt, prefixlm), or t5's decoder start token."""
+    """What generation continues, one row per sample: the prompt (gpt, prefixlm), or t5's
+    decoder start token."""
     if model.config.arch == "t5":
         rows, device = prompt.encoder_inputs.size(0), prompt.encoder_inputs.device
         return torch.full((rows, 1), prompt.start_token, dtype=torch.long, device=device)
     if prompt.size(1) > model.config.block_size:
-        raise ValueError(f"the prompt has {prompt.size(1)} tokens, more than block_size={model.config.block_size}")
+        raise ValueError(f"the prompt has {prompt.size(1)} tokens, more than "
+                         f"block_size={model.config.block_size}")
     return prompt
 
 
 def slide_window(length, window_start, block_size):
-    """The context is sequence[window_start:length]. When it no longer fits, both samplers slide the same way:
-    keep the last block_size // 2 tokens (for prefixlm they become the new prefix; one at least), so that the cached
-    and the recomputing sampler see identical contexts and must pick identical tokens. Returns the new window
-    start."""
+    """The context is sequence[window_start:length]. When it no longer fits, both samplers slide the
+    same way: keep the last block_size // 2 tokens (for prefixlm they become the new prefix; one at
+    least), so that the cached and the recomputing sampler see identical contexts and must pick
+    identical tokens. Returns the new window start."""
     return length - max(1, block_size // 2) if length - window_start > block_size else window_start
 
 
 @torch.inference_mode()
 def generate_uncached(model, prompt, max_new_tokens, sampling=Sampling(), stop=None):
-    """The plain reference, nanoGPT's generate: for every new token, the whole context (and t5's encoder) runs
-    again. prompt: gpt / prefixlm, the tokens so far (N, P), one row per sample; t5, a T5Prompt. Returns the
-    sequences (N, P + max_new_tokens); t5: its decoder's tokens (N, 1 + max_new_tokens)."""
+    """The plain reference, nanoGPT's generate: for every new token, the whole context (and t5's
+    encoder) runs again. prompt: gpt / prefixlm, the tokens so far (N, P), one row per sample; t5, a
+    T5Prompt. Returns the sequences (N, P + max_new_tokens); t5: its decoder's tokens (N, 1 +
+    max_new_tokens)."""
     model.eval()
     block_size = model.config.block_size
     sequence = start_sequence(model, prompt)
-    prefix_length, window_start = sequence.size(1), 0  # prefixlm's prefix: the prompt, after a slide the kept tokens
+    prefix_length, window_start = sequence.size(1), 0  # prefixlm's prefix: the prompt, after a
+                                                       # slide the kept tokens
     for _ in range(max_new_tokens):
         if stop:  # a signal (progress.StopSignals): return what is done
             break
@@ -134,29 +149,33 @@ def generate_uncached(model, prompt, max_new_tokens, sampling=Sampling(), stop=N
             window_start, prefix_length = new_start, sequence.size(1) - new_start
         context = sequence[:, window_start:]
         if model.config.arch == "t5":
-            hidden = model.decode(context, model.encode(prompt.encoder_inputs, prompt.lengths), prompt.lengths)
+            hidden = model.decode(context, model.encode(prompt.encoder_inputs, prompt.lengths),
+                                  prompt.lengths)
         else:
             prefix = None
             if ATTENTION_OF_ARCH[model.config.arch] == "prefix":
                 prefix = torch.full((sequence.size(0),), prefix_length, device=sequence.device)
             hidden = model.run_stack(context, prefix_length=prefix)
-        token = sampling.pick(model.logits(hidden[:, -1]))  # the output head on the last position only
+        token = sampling.pick(model.logits(hidden[:, -1]))  # the output head on the
+                                                            # last position only
         sequence = torch.cat([sequence, token], dim=1)
     return sequence
 
 
 def prefill_window(model, context, prompt):
-    """A new cache holding `context` (B, T) (t5: and the encoder's output of the prompt's first B rows); returns
-    (cache, last logits)."""
+    """A new cache holding `context` (B, T) (t5: and the encoder's output of the prompt's first B
+    rows); returns (cache, last logits)."""
     cache = kvcache.KVCache(model, context.size(0), model.config.block_size)
     if model.config.arch == "t5":
         lengths = prompt.lengths[:context.size(0)] if prompt.lengths is not None else None
-        return cache, kvcache.prefill(model, context, cache, prompt.encoder_inputs[:context.size(0)], lengths)
+        return cache, kvcache.prefill(model, context, cache,
+                                      prompt.encoder_inputs[:context.size(0)], lengths)
     return cache, kvcache.prefill(model, context, cache)
 
 
 def one_prompt(model, prompt, sequence):
-    """Whether every row starts from the same prompt (then one prefill serves them all: prefix caching)."""
+    """Whether every row starts from the same prompt
+    (then one prefill serves them all: prefix caching)."""
     if model.config.arch != "t5":
         return bool((sequence == sequence[:1]).all())
     lengths = prompt.lengths
@@ -166,14 +185,15 @@ def one_prompt(model, prompt, sequence):
 
 @torch.inference_mode()  # like no_grad, minus autograd's version counters: less overhead per token
 def generate(model, prompt, max_new_tokens, sampling=Sampling(), stop=None, compiled=False):
-    """Sample continuations with the KV cache: prefill the prompt once (when every row holds the same prompt, once
-    for all of them: the cache is forked, prefix caching), then one position per step. prompt: gpt / prefixlm, the
-    tokens so far (N, P), one row per sample; t5, a T5Prompt, whose encoder input is encoded once. Identical tokens
-    to generate_uncached (tests/test_kvcache.py). compiled=True runs each decoding step through torch.compile
-    (same tokens as eager, tests/test_kvcache.py)."""
+    """Sample continuations with the KV cache: prefill the prompt once (when every row holds the
+    same prompt, once for all of them: the cache is forked, prefix caching), then one position per
+    step. prompt: gpt / prefixlm, the tokens so far (N, P), one row per sample; t5, a T5Prompt,
+    whose encoder input is encoded once. Identical tokens to generate_uncached
+    (tests/test_kvcache.py). compiled=True runs each decoding step through torch.compile (same
+    tokens as eager, tests/test_kvcache.py)."""
     model.eval()
-    # kvcache.decode_step, run where it is fastest: its weights prepacked for this CPU, or the step compiled
-    # (infra/decode_layout.py: speed only, the same tokens)
+    # kvcache.decode_step, run where it is fastest: its weights prepacked for this CPU, or the step
+    # compiled (infra/decode_layout.py: speed only, the same tokens)
     one_position, layout = decoding_step(model, compiled)
     with layout:
         block_size = model.config.block_size
@@ -181,17 +201,20 @@ def generate(model, prompt, max_new_tokens, sampling=Sampling(), stop=None, comp
         rows = sequence.size(0)
         if one_prompt(model, prompt, sequence):
             cache, logits = prefill_window(model, sequence[:1], prompt)
-            cache, logits = cache.fork(rows), logits.expand(rows, -1)  # one prefill serves every sample
+            # one prefill serves every sample
+            cache, logits = cache.fork(rows), logits.expand(rows, -1)
         else:
             cache, logits = prefill_window(model, sequence, prompt)
         window_start = 0
         for step in range(max_new_tokens):
             token = sampling.pick(logits)  # (N, 1), stays on the device
             sequence = torch.cat([sequence, token], dim=1)
-            if step == max_new_tokens - 1 or stop:  # stop: a signal (progress.StopSignals), return what is done
+            if step == max_new_tokens - 1 or stop:
+                # stop: a signal (progress.StopSignals), return what is done
                 break
             new_start = slide_window(sequence.size(1), window_start, block_size)
-            if new_start != window_start:  # the context is full: prefill the kept tokens again, as the reference
+            if new_start != window_start:
+                # the context is full: prefill the kept tokens again, as the reference
                 window_start = new_start
                 cache, logits = prefill_window(model, sequence[:, window_start:], prompt)
             else:
@@ -199,22 +222,24 @@ def generate(model, prompt, max_new_tokens, sampling=Sampling(), stop=None, comp
     return sequence
 
 
-# ----------------------------------------------------------------------------- bert: no cache, iterative unmasking instead
+# ------------------------------------------------------ bert: no cache, iterative unmasking instead
 
 UNMASK_ORDERS = ("confident", "margin", "random")
 
 
 @torch.inference_mode()
 def unmask(model, x, to_fill, steps, sampling=Sampling(), stop=None):
-    """Fill the positions of x (B, L) where to_fill (B, L) is True (x holds [MASK] there) over `steps` bidirectional
-    forward passes: each pass predicts every open position and reveals an even share of what is left, the rest
-    staying open for the next pass; revealed tokens stay fixed. Which positions go first (sampling.order):
-    "confident", the highest probability of the chosen token; "margin", the largest gap between the two most
-    probable tokens (Kim et al. 2025); "random". Returns the number of forward passes; x is filled in place."""
+    """Fill the positions of x (B, L) where to_fill (B, L) is True (x holds [MASK] there) over
+    `steps` bidirectional forward passes: each pass predicts every open position and reveals an even
+    share of what is left, the rest staying open for the next pass; revealed tokens stay fixed.
+    Which positions go first (sampling.order): "confident", the highest probability of the chosen
+    token; "margin", the largest gap between the two most probable tokens (Kim et al. 2025);
+    "random". Returns the number of forward passes; x is filled in place."""
     if steps < 1:
         raise ValueError("steps must be at least 1")
     if sampling.order not in UNMASK_ORDERS:
-        raise ValueError(f"unknown unmasking order {sampling.order!r}: choose one of {', '.join(UNMASK_ORDERS)}")
+        raise ValueError(f"unknown unmasking order {sampling.order!r}: choose one of "
+                         f"{', '.join(UNMASK_ORDERS)}")
     model.eval()
     if not to_fill.any():
         return 0
@@ -236,8 +261,10 @@ def unmask(model, x, to_fill, steps, sampling=Sampling(), stop=None):
         else:  # margin: between the two most probable tokens that may be chosen at all
             top2 = torch.softmax(sampling.allowed(logits), dim=-1).topk(2, dim=-1).values
             score = top2[..., 0] - top2[..., 1]
-        score = score.masked_fill(~open_, float("-inf"))  # only open positions compete, whatever the scale
-        reveal = math.ceil(remaining / (steps - step))  # an even share of what is left; everything on the last step
+        score = score.masked_fill(~open_, float("-inf"))  # only open positions compete,
+                                                          # whatever the scale
+        reveal = math.ceil(remaining / (steps - step))  # an even share of what is left;
+                                                        # everything on the last step
         chosen = torch.zeros_like(open_)
         chosen.scatter_(1, score.topk(min(reveal, n), dim=1).indices, True)
         chosen &= open_
@@ -253,11 +280,12 @@ def column_span(to_fill):
 
 
 def iterative_unmask(model, x, to_fill, steps, sampling=Sampling(), stop=None):
-    """bert's generation (mask-predict; the standard sampler of masked diffusion): fill the [MASK]s of x where
-    to_fill is True with `unmask` over `steps` passes. With sampling.block_length > 0 the columns to fill are taken
-    block by block, left to right (semi-autoregressive), the steps split between blocks as evenly as they go (the
-    first blocks take the remainder; a block takes one pass at least: at most max(steps, blocks) passes, fewer
-    where a block has fewer masks than passes). Returns the number of forward passes; x is filled in place."""
+    """bert's generation (mask-predict; the standard sampler of masked diffusion): fill the [MASK]s
+    of x where to_fill is True with `unmask` over `steps` passes. With sampling.block_length > 0 the
+    columns to fill are taken block by block, left to right (semi-autoregressive), the steps split
+    between blocks as evenly as they go (the first blocks take the remainder; a block takes one pass
+    at least: at most max(steps, blocks) passes, fewer where a block has fewer masks than passes).
+    Returns the number of forward passes; x is filled in place."""
     if steps < 1:
         raise ValueError("steps must be at least 1")
     if not to_fill.any():
@@ -279,21 +307,24 @@ def read_prompt(start):
     return read_text_file(start[5:], "prompt file") if start.startswith("FILE:") else start
 
 
-COMPILED_NOTE = (", compiled decoding step (the time includes compiling it once per process: seconds; on a CPU, "
-                 "40-45 s for a model 256 wide or wider, whose weights are frozen into tuned kernels)")
+COMPILED_NOTE = (", compiled decoding step (the time includes compiling it once per process: "
+                 "seconds; on a CPU, 40-45 s for a model 256 wide or wider, whose weights are "
+                 "frozen into tuned kernels)")
 
 
 def generate_left_to_right(model, ids, objective, specials, config, generator, stop):
-    """gpt / prefixlm / t5: one new token per forward pass, with the KV cache (or recomputing, --no_cache).
-    Returns (texts' token lists, what ran)."""
+    """gpt / prefixlm / t5: one new token per forward pass, with the KV cache (or recomputing,
+    --no_cache). Returns (texts' token lists, what ran)."""
     device, rows = next(model.parameters()).device, config["num_samples"]
-    # what the model reads first is laid out as in training: after span corruption (t5, or prefixlm's flattened
-    # copy of it, claim A2) the text ends in a masked span, <S0> [EOS], which the model fills (its sentinels
-    # allowed); UL2's sequential denoiser reads [S2S] first; otherwise the text itself
+    # what the model reads first is laid out as in training: after span corruption (t5, or
+    # prefixlm's flattened copy of it, claim A2) the text ends in a masked span, <S0> [EOS], which
+    # the model fills (its sentinels allowed); UL2's sequential denoiser reads [S2S] first;
+    # otherwise the text itself
     source, banned = ids, specials.banned(model.config.vocab_size, device)
     if objective == "span_corruption":
         source = ids + [specials.sentinels[0], specials.eos]
-        banned = torch.tensor([specials.pad, specials.mask, *specials.modes.values()], device=device)
+        banned = torch.tensor([specials.pad, specials.mask, *specials.modes.values()],
+                              device=device)
     elif objective == "ul2":
         source = [specials.modes["S"]] + ids
     sampling = Sampling(config["temperature"], config["top_k"] or None, banned, generator)
@@ -305,39 +336,47 @@ def generate_left_to_right(model, ids, objective, specials, config, generator, s
         tokens = generate_uncached(model, prompt, config["max_new_tokens"], sampling, stop)
         how = "encoder + decoder recomputed per token" if t5 else "full recomputation per token"
     else:
-        tokens = generate(model, prompt, config["max_new_tokens"], sampling, stop, compiled=config["compile"])
-        how = "encoder once, cached decoder" if t5 else "KV cache (one shared prefill, one position per step)"
+        tokens = generate(model, prompt, config["max_new_tokens"], sampling, stop,
+                          compiled=config["compile"])
+        how = "KV cache (one shared prefill, one position per step)"
+        if t5:
+            how = "encoder once, cached decoder"
         how += COMPILED_NOTE if config["compile"] else ""
     return [row[1 if t5 else len(source):] for row in tokens.tolist()], how
 
 
 def generate_by_unmasking(model, ids, specials, config, generator, stop):
-    """bert (mlm or diffusion): [MASK] placeholders after the prompt, filled over --steps bidirectional passes."""
+    """bert (mlm or diffusion): [MASK] placeholders after the prompt, filled over --steps
+    bidirectional passes."""
     device = next(model.parameters()).device
     masks = [specials.mask] * config["max_new_tokens"]  # the placeholders after the prompt
     tokens = torch.tensor([ids + masks], device=device).repeat(config["num_samples"], 1)
     sampling = Sampling(config["temperature"], config["top_k"] or None,
-                        specials.banned(model.config.vocab_size, device), generator, config["order"],
-                        config["block_length"])
+                        specials.banned(model.config.vocab_size, device), generator,
+                        config["order"], config["block_length"])
     to_fill = torch.zeros_like(tokens, dtype=torch.bool)
     to_fill[:, len(ids):] = True  # (not a [MASK] the prompt itself holds)
     passes = iterative_unmask(model, tokens, to_fill, config["steps"], sampling, stop)
-    how = f"iterative unmasking ({config['order']}, {passes} full forward passes for {config['max_new_tokens']} tokens)"
+    how = (f"iterative unmasking ({config['order']}, {passes} full forward passes for "
+           f"{config['max_new_tokens']} tokens)")
     return [row[len(ids):] for row in tokens.tolist()], how, passes
 
 
 def what_trained_it(path, checkpoint):
-    """The line printed before the samples: which run wrote these weights and how far it got; a warning when they
-    are untrained or the run stopped early (the samples then say little about the arch)."""
+    """The line printed before the samples: which run wrote these weights and how far it got; a
+    warning when they are untrained or the run stopped early
+    (the samples then say little about the arch)."""
     config, done, loss = checkpoint["config"], checkpoint["iter_num"], checkpoint["best_val_loss"]
-    line = f"{path}: {config['arch']} ({config['objective']}), trained {done} of {config['max_iters']} iterations"
+    line = (f"{path}: {config['arch']} ({config['objective']}), trained {done} of "
+            f"{config['max_iters']} iterations")
     if loss is not None and math.isfinite(loss):
         line += f", best val loss {loss:.4f}"
     if done == 0:
-        line += "\nwarning: these weights are untrained (saved at iteration 0): the samples are noise"
+        line += ("\nwarning: these weights are untrained (saved at iteration 0): the samples are "
+                 "noise")
     elif done < config["max_iters"] and not config.get("max_flops"):
-        line += (f"\nwarning: its run stopped at iteration {done} of {config['max_iters']}: train on with the same "
-                 f"train.py command plus --init_from=resume")
+        line += (f"\nwarning: its run stopped at iteration {done} of {config['max_iters']}: train "
+                 "on with the same train.py command plus --init_from=resume")
     return line
 
 
@@ -348,53 +387,64 @@ def check_sample_config(config, arch, prompt_tokens, block_size, objective):
     if config["temperature"] < 0 or config["top_k"] < 0 or config["block_length"] < 0:
         raise UserError("--temperature, --top_k and --block_length must not be negative")
     if 0 < config["temperature"] < 1e-3:
-        raise UserError(f"--temperature={config['temperature']} is too small to sample with: use 0 for greedy")
-    if config["temperature"] > 1e3:  # logits / temperature would underflow to a uniform draw (overflow past 3e38)
-        raise UserError(f"--temperature={config['temperature']} is too large: from ~100 on every token is already "
-                        f"about equally likely; use at most 1000")
+        raise UserError(f"--temperature={config['temperature']} is too small to sample with: use 0 "
+                        "for greedy")
+    if config["temperature"] > 1e3:
+        # logits / temperature would underflow to a uniform draw (overflow past 3e38)
+        raise UserError(f"--temperature={config['temperature']} is too large: from ~100 on every "
+                        "token is already about equally likely; use at most 1000")
     if config["order"] not in UNMASK_ORDERS:
         raise UserError(f"--order={config['order']}: choose {', '.join(UNMASK_ORDERS)}")
     unmasking_only = [k for k in ("steps", "order", "block_length") if config[k] != DEFAULTS[k]]
     if arch != "bert" and unmasking_only:
-        raise UserError(f"--{unmasking_only[0]} is for iterative unmasking (bert); {arch} generates left to right: "
-                        f"drop it")
+        raise UserError(f"--{unmasking_only[0]} is for iterative unmasking (bert); {arch} "
+                        "generates left to right: drop it")
     if config["compile"] and (arch == "bert" or config["no_cache"]):
         raise UserError("--compile=True compiles the cached one-token decoding step: "
                         + ("bert has no such step (claim D4), drop --compile" if arch == "bert" else
                            "it does not apply with --no_cache, drop one of them"))
     if arch == "bert" and config["no_cache"]:
-        raise UserError("--no_cache does not apply to bert: it has no cache to turn off (claim D4), every pass "
-                        "recomputes the whole sequence")
-    extra = {"ul2": 1, "span_corruption": 2}.get(objective, 0)  # added: UL2's mode token; a sentinel and [EOS]
+        raise UserError("--no_cache does not apply to bert: it has no cache to turn off (claim "
+                        "D4), every pass recomputes the whole sequence")
+    # added: UL2's mode token; a sentinel and [EOS]
+    extra = {"ul2": 1, "span_corruption": 2}.get(objective, 0)
     if prompt_tokens + extra > block_size:
-        added = {1: " + UL2's mode token", 2: " + the sentinel and [EOS] of span corruption"}.get(extra, "")
-        raise UserError(f"the prompt has {prompt_tokens} tokens{added}, but the model's context is {block_size}: "
-                        f"shorten it")
+        added = {1: " + UL2's mode token",
+                 2: " + the sentinel and [EOS] of span corruption"}.get(extra, "")
+        raise UserError(f"the prompt has {prompt_tokens} tokens{added}, but the model's context is "
+                        f"{block_size}: shorten it")
     if arch == "bert" and prompt_tokens + config["max_new_tokens"] > block_size:
-        raise UserError(f"bert fills masks inside its context: prompt ({prompt_tokens}) + --max_new_tokens "
-                        f"({config['max_new_tokens']}) must be at most {block_size}")
+        raise UserError(f"bert fills masks inside its context: prompt ({prompt_tokens}) + "
+                        f"--max_new_tokens ({config['max_new_tokens']}) must be at most "
+                        f"{block_size}")
 
 
 def check_memory(model, config, prompt_tokens):
-    """Refuse, before allocating, what cannot fit: the tokens of every sample and one KV cache row per sample."""
+    """Refuse, before allocating, what cannot fit: the tokens of every sample and one KV cache
+    row per sample."""
     c = model.config
     layers = c.n_layer + c.n_decoder_layer
     rows = config["num_samples"]
     needed = rows * (prompt_tokens + config["max_new_tokens"]) * 8 * 2 \
         + rows * layers * 2 * c.block_size * c.n_embd * 4 + rows * c.vocab_size * 4 * 4
-    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else float("inf")
+    available = float("inf")
+    if hasattr(os, "sysconf"):
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if needed > available / 2:
-        raise UserError(f"--num_samples={rows} x --max_new_tokens={config['max_new_tokens']} need about "
-                        f"{needed / 2 ** 30:,.1f} GiB, more than half of this machine's {available / 2 ** 30:,.0f} GiB: "
-                        f"ask for fewer")
+        raise UserError(f"--num_samples={rows} x --max_new_tokens={config['max_new_tokens']} need "
+                        f"about {needed / 2 ** 30:,.1f} GiB, more than half of this machine's "
+                        f"{available / 2 ** 30:,.0f} GiB: ask for fewer")
 
 
 def main():
     config = apply_overrides(DEFAULTS, sys.argv[1:])
-    alone = (("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", "0"))  # what a process on its own reads
-    if any(os.environ.get(key, value) != value for key, value in alone):  # one of a torchrun job's processes:
+    # what a process on its own reads
+    alone = (("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", "0"))
+    if any(os.environ.get(key, value) != value for key, value in alone):
+        # one of a torchrun job's processes:
         # each would write the same samples
-        raise UserError("sample.py runs in one process: start it with python, not under torchrun or infra.parallel")
+        raise UserError("sample.py runs in one process: start it with python, not under torchrun "
+                        "or infra.parallel")
     device = pick_device(config["device"])
     if config["compile"]:
         check_compiler(device)
@@ -405,14 +455,17 @@ def main():
     else:
         path = os.path.join(config["out_dir"], config["checkpoint"])
         model, checkpoint = load_model(path, device)
-        arch, objective, meta = model.config.arch, checkpoint["config"].get("objective"), checkpoint["meta"]
+        arch, meta = model.config.arch, checkpoint["meta"]
+        objective = checkpoint["config"].get("objective")
         specials, tokenizer = Specials.from_meta(meta), tokenizer_for(meta)
     text = read_prompt(config["start"])
     if not text:
         raise UserError("the prompt is empty: pass --start=<text> (or FILE:path)")
     ids = tokenizer.encode(text)
-    if not ids:  # a published tokenizer may drop what it has no token for (a lone newline, for BERT's)
-        raise UserError(f"the prompt {text!r} encodes to no tokens: pass --start=<some text> (or FILE:path)")
+    if not ids:
+        # a published tokenizer may drop what it has no token for (a lone newline, for BERT's)
+        raise UserError(f"the prompt {text!r} encodes to no tokens: pass --start=<some text> (or "
+                        "FILE:path)")
     check_sample_config(config, arch, len(ids), model.config.block_size, objective)
     check_memory(model, config, len(ids))
     if not config["init_from"]:  # (after every refusal: a refused command prints only its one line)
@@ -422,13 +475,17 @@ def main():
     num_samples, max_new_tokens = config["num_samples"], config["max_new_tokens"]
 
     t0 = time.perf_counter()
-    steps = config["steps"] if arch == "bert" else max_new_tokens  # (a line every 5 s says how far it is)
+    # (a line every 5 s says how far it is)
+    steps = config["steps"] if arch == "bert" else max_new_tokens
     what = "unmasking passes" if arch == "bert" else f"tokens of {num_samples} sample(s)"
-    with StopSignalsWithProgress("stopping: printing what was generated so far", what, steps) as stop:
+    with StopSignalsWithProgress("stopping: printing what was generated so far", what,
+                                 steps) as stop:
         if arch == "bert":
-            new_tokens, how, passes = generate_by_unmasking(model, ids, specials, config, generator, stop)
+            new_tokens, how, passes = generate_by_unmasking(model, ids, specials, config,
+                                                            generator, stop)
         else:
-            new_tokens, how = generate_left_to_right(model, ids, objective, specials, config, generator, stop)
+            new_tokens, how = generate_left_to_right(model, ids, objective, specials, config,
+                                                     generator, stop)
             passes = len(new_tokens[0])
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -441,18 +498,22 @@ def main():
         print("---------------")
     made = len(new_tokens[0]) if arch != "bert" else max_new_tokens
     print(f"{arch} ({objective}): {num_samples} x {made} tokens in {seconds:.2f} s = "
-          f"{num_samples * made / seconds:,.1f} tokens/s; {how}; {passes} forward passes per sample")
-    if arch == "bert" and objective == "mlm":  # claims A3, C4: no next-token exit, conditionals that need not agree
-        print("note: expect near-noise text from an MLM at this size: trained with 15% of a window masked, it now "
-              "reads a window whose new part is all [MASK], and each pass fills several positions from separate "
-              "per-position guesses that need not agree (masked diffusion trains on every masking rate: "
-              "--objective=diffusion; docs/chapter.md, question 6)")
+          f"{num_samples * made / seconds:,.1f} tokens/s; {how}; {passes} forward passes per "
+          "sample")
+    if arch == "bert" and objective == "mlm":
+        # claims A3, C4: no next-token exit, conditionals that need not agree
+        print("note: expect near-noise text from an MLM at this size: trained with 15% of a "
+              "window masked, it now reads a window whose new part is all [MASK], and each pass "
+              "fills several positions from separate per-position guesses that need not agree "
+              "(masked diffusion trains on every masking rate: --objective=diffusion; "
+              "docs/chapter.md, question 6)")
     if stop.requested and arch == "bert":  # (.requested: asking `if stop:` would count a step)
         print(f"interrupted after {passes} passes: the [MASK]s shown were not filled")
     elif stop.requested:
         print(f"interrupted: {made} of {max_new_tokens} new tokens generated; the rest were not")
     if stop.requested:
-        sys.exit(130)  # a stop, after printing what it had: every command's stop status (docs/reliability.md)
+        sys.exit(130)  # a stop, after printing what it had: every command's stop status
+                       # (docs/reliability.md)
 
 
 if __name__ == "__main__":

@@ -141,6 +141,14 @@ def test_the_tree_speaks_of_the_project_only():
     assert not found, found[:5]
 
 
+@pytest.mark.parametrize("name", CHAPTER)
+def test_a_chapter_file_fits_a_reader_s_screen(name):
+    """Read beside the chapter, in half a laptop screen: no line of a chapter file over 100 characters."""
+    with open(os.path.join(ROOT, name)) as f:
+        long = [f"{name}:{n}" for n, line in enumerate(f.read().split("\n"), 1) if len(line) > 100]
+    assert not long, long[:5]
+
+
 @pytest.mark.parametrize("module", ["masks", "model", "objectives", "kvcache"])
 def test_the_chapter_core_imports_no_infrastructure(module):
     """masks, model, objectives and kvcache are the chapter's ideas: plain torch, readable without the rest."""
