@@ -265,8 +265,9 @@ def bench_decoding(device, size, repeats, results, compiled_rows=True):
     rows = [[L] + [f"{curves[name][i]:.2f}" for name in curves] for i, L in enumerate(lengths)]
     text = table("4a. Decoding: ms per new token against context length (cached gpt is faster "
                  f"{where}; {full[-1] / cached[-1]:.1f}x at {lengths[-1]}; t5 has "
-                 f"{size['n_layer'] // 2} decoder layers, the others {size['n_layer']}; claim "
-                 "D4)", ["context"] + list(curves), rows)
+                 f"{size['n_layer'] // 2} decoder layers, the others {size['n_layer']}; "
+                 "claim D4)",
+                 ["context"] + list(curves), rows)
 
     # a whole generation: batch 1, 16-token prompt, 240 new tokens (fewer in --quick)
     new = min(240, T - 16)
@@ -352,17 +353,15 @@ def decoding_cost(model, average_context, encoder_length=0):
     its context (t5: plus the cross-attention K/V over the encoder's output); FLOPs: 2 per weight of
     a matmul, plus 4 * layers * context * width for q.k and the weighted sum of v."""
     config = model.config
-    weights = model.num_parameters(exclude_positions=True)
-    layers = config.n_layer
+    weights = model.num_parameters(exclude_positions=True)  # (the tied embedding counts once: its
+    layers = config.n_layer                                 # matmul is the output head)
     if config.arch == "t5":
         # the encoder, its final norm and the cross-attention K/V projections ran once (prefill)
-        once = [model.blocks,
-                model.final_norm] + [block.cross_attention.key_value
-                                     for block in model.decoder_blocks]
+        once = [model.blocks, model.final_norm]
+        once += [block.cross_attention.key_value for block in model.decoder_blocks]
         weights -= sum(p.numel() for module in once for p in module.parameters())
         layers = config.n_decoder_layer
-    keys = average_context + encoder_length  # (the tied embedding counts once: its matmul is the
-                                             # output head)
+    keys = average_context + encoder_length
     cache_values = layers * 2 * keys * config.n_embd  # K and V of every layer and key
     return weights, cache_values, 2 * weights + 2 * cache_values
 
@@ -372,8 +371,8 @@ def decoding_floor(model, bandwidth, batch, average_context, encoder_length=0):
     rows) and each row's cache, at `bandwidth` bytes/s. The models stay in float32 (autocast casts
     on the fly on a GPU), and the cache takes their dtype, so that is what a step reads."""
     weights, cache_per_row, _ = decoding_cost(model, average_context, encoder_length)
-    return batch * bandwidth / ((weights
-                                 + batch * cache_per_row) * next(model.parameters()).element_size())
+    bytes_per_number = next(model.parameters()).element_size()
+    return batch * bandwidth / ((weights + batch * cache_per_row) * bytes_per_number)
 
 
 def bench_prefix(device, size, repeats, results):
@@ -407,8 +406,8 @@ def bench_prefix(device, size, repeats, results):
                          "new_tokens": new, "separate_ms": separate * 1e3,
                          "shared_ms": shared * 1e3, "speedup": separate / shared}
     return table(f"5. Prefix caching: {requests} requests sharing a {shared_length}-token prompt, "
-                 f"each adding {own} tokens and generating {new} (claim "
-                 "D4)", ["serving", "total ms", "speedup"],
+                 f"each adding {own} tokens and generating {new} (claim D4)",
+                 ["serving", "total ms", "speedup"],
                  [["16 separate prefills", f"{separate * 1e3:.1f}", "1.00x"],
                   ["one shared prefill, forked cache", f"{shared * 1e3:.1f}",
                    f"{separate / shared:.2f}x"]])
@@ -477,7 +476,7 @@ def bench_turns(device, size, repeats, results):
             for k in range(turns)]
     rows.append(["all turns"]
                 + [f"{sum(per_turn[arch]['ms']):.1f} ({sum(per_turn[arch]['tokens'])})"
-                                 for arch in per_turn])
+                   for arch in per_turn])
     return table(f"7. A chat of {turns} turns, each a {user}-token message and a {user}-token "
                  "answer: ms per turn (tokens computed). gpt extends one cache; prefixlm "
                  "recomputes its bidirectional prefix and t5 re-encodes the history every turn "
@@ -491,12 +490,10 @@ def bench_turns(device, size, repeats, results):
 def bench_profile(device, size, repeats, results, compiled_rows=True):
     """6: where a step's time goes, decoding and training (a diagnostic; what it showed:
     docs/speed.md)."""
+    specials = objectives.synthetic_specials(size["vocab"])
     return profile_section(build("gpt", size, device).eval(),
-                           lambda: training_step("gpt", size, device,
-                                                 objectives.synthetic_specials(size["vocab"])),
-                           device,
-                           size, results, lambda: autocast_for(device, size["dtype"]),
-                           compiled_rows)
+                           lambda: training_step("gpt", size, device, specials), device, size,
+                           results, lambda: autocast_for(device, size["dtype"]), compiled_rows)
 
 
 def main():
@@ -517,10 +514,10 @@ def main():
     compiled_rows = config["compile"]
     if compiled_rows:
         check_compiler(device, "the compiled rows (--compile=False skips them)")
+        # first-compile times as a user pays them; --quick's times mean nothing, and with torch's
+        # own kernel cache a second --quick run takes a third of the first's time
         if not size["quick"]:
-            # first-compile times as a user pays them; --quick's times mean nothing, and with
-            fresh_kernel_cache()  # torch's own kernel cache a second --quick run takes a third
-                                  # of the first's time
+            fresh_kernel_cache()
     sections = {"ceilings": bench_ceilings, "prefix": bench_prefix, "turns": bench_turns,
                 "profile": lambda *a: bench_profile(*a, compiled_rows=compiled_rows),
                 "training": lambda *a: bench_training(*a, compiled_rows=compiled_rows),

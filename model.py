@@ -112,8 +112,7 @@ class Attention(nn.Module):
             self.probabilities = probabilities.detach()
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                            dropout_p=self.dropout if self.training else 0.0)
-        # y: (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, nh, T, hs) -> (B, T, C)
         return self.resid_dropout(self.proj(y))
 
 
@@ -449,8 +448,8 @@ def demo():
     ids = torch.arange(8)[None]  # eight different tokens, then the same eight in reverse order
     with torch.no_grad():
         for arch in ("bert", "gpt"):
-            # no position embedding at all (NoPE): can the model tell the order?
-            # token by token
+            # no position embedding at all (NoPE): can the model tell the order? The reversed
+            # run's outputs flipped back, compared token by token
             forward, backward = small[arch](ids)[0][0], small[arch](ids.flip(1))[0][0].flip(0)
             print(f"D5: {arch} without positions, the sequence reversed: each token's output "
                   f"changes by up to {(forward - backward).abs().max().item():.1e}")

@@ -316,8 +316,8 @@ def ul2_example(tokens, name, specials, generator, arch, budget):
             mode = "S"
     mode_token = torch.tensor([specials.modes[mode]])
     if mode == "S":
-        L = budget if arch == "prefixlm" else budget + 1  # prefixlm: mode token +
-                                                          # text - 1 <= budget
+        # prefixlm: mode token + text - 1 <= budget
+        L = budget if arch == "prefixlm" else budget + 1
         split = int(torch.randint(1, L - 1, (1,), generator=generator)) if L > 2 else 1
         source, target = tokens[:split], tokens[split:L]
     else:
@@ -407,8 +407,8 @@ def demo_density():
     def chain(order):  # bert: fill the masks one at a time in this order, each from its own softmax
         x, total = torch.full((27, 3), mask), torch.zeros(27)
         for i in order:
-            total += torch.log_softmax(models["bert"](x)[0][:, i, :3],
-                                       dim=-1).gather(-1, sequences[:, i:i + 1])[:, 0]
+            log_p = torch.log_softmax(models["bert"](x)[0][:, i, :3], dim=-1)
+            total += log_p.gather(-1, sequences[:, i:i + 1])[:, 0]
             x[:, i] = sequences[:, i]
         return total.exp()
 

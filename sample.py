@@ -60,7 +60,7 @@ DEFAULTS = dict(
     block_length=0,           # bert / diffusion: > 0 = semi-autoregressive blocks left to right
     compile=False,            # gpt / prefixlm / t5: torch.compile the one-token decoding step
                               # (bench.py 4c; on a CPU a 256-wide model compiles for 40-45 s, then
-                              # decodes 2-3x faster: docs/speed.md)
+                              # decodes 1.2-2.3x faster at batch 1: docs/speed.md)
 )
 
 

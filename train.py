@@ -3,7 +3,7 @@ Train any of the four architectures with one command and one training loop:
 
     python train.py --arch=bert                                     # defaults sized for one GPU
     python train.py config/train_shakespeare_char_cpu.py --arch=t5  # nanoGPT's CPU recipe: minutes
-    python train.py --arch=gpt --init_from=resume                   # continue where it stopped
+    python train.py --arch=gpt --init_from=resume                   # exact resume where it stopped
     torchrun --standalone --nproc_per_node=2 train.py --gradient_accumulation_steps=2
         # data parallel (gloo on CPU, NCCL on CUDA): the accumulation steps of one update are split
         # between the processes
@@ -201,7 +201,8 @@ def build_model(config, checkpoint, meta):
     """The model to train: the checkpoint's (its shape and weights), published weights,
     or a fresh one."""
     if checkpoint is not None:
-        # the saved shape, which for fine-tuned published weights no flag describes
+        # the saved shape (for fine-tuned published weights no flag describes it); only dropout
+        # comes from this run
         checkpoint["model_config"]["dropout"] = config["dropout"]
         return model_from_checkpoint(checkpoint, os.path.join(config["out_dir"], "ckpt.pt"))
     if os.path.exists(os.path.join(config["init_from"], "ckpt.pt")):
@@ -271,11 +272,10 @@ def prepare(config):
         f"measured matmul peak {peak_flops / 1e12:.3f} TFLOP/s (this machine's rate now, what MFU "
         "is measured against; checked again at the first log line)", flush=True)
     end_iter = iter_num + planned_iterations(config, raw_model, splits, specials, iter_num)
-    # (the scaler: fp16's narrow range needs one)
+    scaler = torch.amp.GradScaler(enabled=(dtype == "float16"))  # fp16's narrow range needs it
     return SimpleNamespace(processes=processes, device=device, log=log, micro_steps=micro_steps,
                            splits=splits, meta=meta, specials=specials, autocast=autocast,
-                           raw_model=raw_model, model=model, optimizer=optimizer,
-                           scaler=torch.amp.GradScaler(enabled=(dtype == "float16")),
+                           raw_model=raw_model, model=model, optimizer=optimizer, scaler=scaler,
                            data_rng=data_rng, objective_rng=objective_rng, iter_num=iter_num,
                            best_val_loss=best_val_loss, flops_done=flops_done,
                            peak_flops=peak_flops, peak_dtype=peak_dtype, end_iter=end_iter)
@@ -378,7 +378,7 @@ def train(config):
             setup.log(f"parameters identical on all {setup.processes.world_size} processes: "
                       f"{setup.processes.identical(setup.raw_model)}")
     run.say_how_it_ended(iter_num)
-    # its log.jsonl holds every evaluation
+    # out_dir: its log.jsonl holds every evaluation
     return {"model": setup.raw_model, "iter_num": iter_num, "val_loss": run.last_losses.get("val"),
             "train_loss": run.last_losses.get("train"), "flops": run.flops_done,
             "tokens_seen": run.tokens_seen, "supervised_seen": run.supervised_seen,
@@ -400,8 +400,8 @@ def train_reporting_errors(config, ddp):
         print(f"train.py: error: {e}", file=sys.stderr)
         sys.exit(1)
     except RuntimeError as e:
-        # torch.OutOfMemoryError is one too; the CPU allocator raises a plain RuntimeError
-        # (or a process of the job died)
+        # torch.OutOfMemoryError is one too; the CPU allocator raises a plain RuntimeError, and
+        # under DDP a lost peer raises one (peer_lost_line)
         line = out_of_memory_line(e, config) or (ddp and peer_lost_line(e))
         if not line:
             raise

@@ -439,7 +439,8 @@ def reversal_report(data):
     lines += [f"The reversal task's backward half (claim X4) on models built from gpt (claim G1): reversal.py's text "
               f"and shape, scale `{data['scale']}` ({s['n_layer']} layers x {s['n_embd']}; t5 "
               f"{max(1, s['n_layer'] // 2)} + {max(1, s['n_layer'] // 2)}), {s['entities']} entities (half asked), "
-              f"every row {format_flops(budget)} of training in all (the gpt phase counted), every run at "
+              f"every row {format_flops(budget)} of training in all (the gpt phase counted; gpt's phase alone: its "
+              f"share), every run at "
               f"reversal.py's one rate ({SETTINGS['learning_rate']:g}), seeds {', '.join(map(str, data['seeds']))}, "
               f"on {data['machine']}; {data['seconds'] / 60:.1f} min for this command. gpt trains on the text for a "
               f"share of the budget, then each target from its weights for the rest (as on the study's text). Exact "
@@ -461,7 +462,7 @@ def reversal_report(data):
     lines += reversal.rule_rows(data["baselines"], 3)
     lines += ["", "Positive control (the forward questions, the direction the text states, >= 90% exact in every "
                   "seed: the model learned the facts at this budget): "
-              + (f"**not passed by {', '.join(failed)}**: those rows decide nothing." if failed else "passed by every row."),
+              + (f"**not passed by {'; '.join(failed)}**: those rows decide nothing." if failed else "passed by every row."),
               "", "Adapted against from scratch, exact match (ahead only where the mean +- std ranges do not overlap; "
                   "'-': a row that failed the positive control):", "",
               "| target | question | " + " | ".join(f"from gpt at {f:g}" for f in shares) + " |",
@@ -567,8 +568,12 @@ def main():
     if config["part"] not in ("all", "study", "reversal"):
         raise UserError(f"--part={config['part']}: all, study (the study's text alone) or reversal (the reversal "
                         f"task alone)")
-    check_writable([os.path.join(config["out_dir"], f"adaptation-reversal-{scale}{e}") for e in (".md", ".json")])
+    seeds = max(reversal.SCALES[scale]["seeds"], study.SCALES[SCALES[scale]["study_scale"]]["seeds"])
+    if config["seed"] + seeds - 1 >= 2 ** 32:  # every seed checked now, not when its run comes
+        raise UserError(f"--seed={config['seed']}: its {seeds} seeds run up to {config['seed'] + seeds - 1}, past "
+                        f"2**32 - 1: use a smaller --seed")
     if config["part"] != "study":
+        check_writable([os.path.join(config["out_dir"], f"adaptation-reversal-{scale}{e}") for e in (".md", ".json")])
         reversal_part(config, scale, device)
     if config["part"] != "reversal":
         study_part(config, scale, device)

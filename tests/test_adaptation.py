@@ -274,12 +274,15 @@ def test_the_reversal_verdicts_read_only_rows_that_learned_the_facts():
     assert "| t5 | backward | scratch ahead |" in text
 
 
-def test_an_unknown_part_is_one_line(tmp_path):
-    result = run_script("experiments/adaptation.py", "--quick", "--part=both", f"--out_dir={tmp_path / 'o'}")
+@pytest.mark.parametrize("flag, words", [("--part=both", "reversal"), ("--seed=4294967295", "past 2**32 - 1")])
+def test_an_unknown_part_or_a_seed_out_of_range_is_one_line_before_any_work(tmp_path, flag, words):
+    """The seeds of both parts (3 at the cpu scale) are checked before the first run trains."""
+    result = run_script("experiments/adaptation.py", "--part=reversal" if "seed" in flag else "--quick", flag,
+                        f"--out_dir={tmp_path / 'o'}")
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    assert "--part=both" in lines[0] and "reversal" in lines[0]
-    assert not list((tmp_path / "o").glob("adaptation*"))
+    assert flag in lines[0] and words in lines[0]
+    assert not list((tmp_path / "o").rglob("*.*"))  # no result file, no dataset, no run
 
 
 def test_verdicts_call_a_difference_only_when_the_ranges_do_not_overlap():
