@@ -24,8 +24,7 @@ import random
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict
-from types import SimpleNamespace
+from dataclasses import asdict, dataclass
 
 # before torch: a Ctrl-C while it loads ends quietly
 import infra.quiet_interrupts  # noqa: E402,F401
@@ -45,7 +44,6 @@ from infra.progress import Progress
 from infra.progress import format_duration
 from infra.run_control import (RunControl, TrainingDiverged, is_cpu_recipe, loss_in_bits,
                                 out_of_memory_line)
-from infra.timing import matmul_peak
 from infra.train_config import check_objective_fits_dataset, check_training_config, model_config
 from model import Transformer, describe
 
@@ -237,9 +235,30 @@ def load_data(config, processes):
 
 # ----------------------------------------------------------------------------- the run
 
+@dataclass
+class Setup:
+    """What the loop uses, built once by prepare()."""
+    processes: Processes  # one process, or one of several under torchrun (infra/parallel.py)
+    device: str
+    log: object  # print on the master (unless --quiet=True), else a function that prints nothing
+    micro_steps: int  # this process's share of --gradient_accumulation_steps
+    splits: dict  # "train" and "val": the dataset's token ids
+    meta: dict  # the dataset's vocabulary and special tokens (saved with every checkpoint)
+    specials: objectives.Specials  # the special tokens' ids, as the objectives use them
+    autocast: object  # the precision's context (does nothing in float32)
+    raw_model: Transformer  # the model itself: evaluated, counted, saved
+    model: torch.nn.Module  # what trains: raw_model, compiled and wrapped for DDP where asked
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler  # float16's loss scaling (does nothing in other precisions)
+    data_rng: np.random.Generator  # which windows each step reads
+    objective_rng: torch.Generator  # the objective's draws: masks, spans, diffusion's t
+
+
 def prepare(config):
     """Everything the loop needs, built once: the processes, the data, the model (fresh, published
-    or resumed), the optimizer and every random-number generator, restored exactly when resuming."""
+    or resumed), the optimizer and every random-number generator, restored exactly when resuming.
+    Returns (setup, start): setup the things the loop uses; start where the run starts and ends,
+    for RunControl (the counters a resumed run continues, the precision MFU is measured in)."""
     processes = Processes(config)  # one process, or one of several under torchrun
     device = processes.device
     if config["compile"]:
@@ -266,19 +285,16 @@ def prepare(config):
         log(f"resuming {path} from iteration {iter_num}")
     model = torch.compile(raw_model) if config["compile"] else raw_model
     model = processes.wrap(model)  # DDP averages gradients across processes during backward
-    peak_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    peak_flops = matmul_peak(device, peak_dtype)
-    log(f"{describe(raw_model)}; objective {config['objective']}; device {device} ({dtype}); "
-        f"measured matmul peak {peak_flops / 1e12:.3f} TFLOP/s (this machine's rate now, what MFU "
-        "is measured against; checked again at the first log line)", flush=True)
-    end_iter = iter_num + planned_iterations(config, raw_model, splits, specials, iter_num)
+    log(f"{describe(raw_model)}; objective {config['objective']}; device {device} ({dtype})",
+        flush=True)
     scaler = torch.amp.GradScaler(enabled=(dtype == "float16"))  # fp16's narrow range needs it
-    return SimpleNamespace(processes=processes, device=device, log=log, micro_steps=micro_steps,
-                           splits=splits, meta=meta, specials=specials, autocast=autocast,
-                           raw_model=raw_model, model=model, optimizer=optimizer, scaler=scaler,
-                           data_rng=data_rng, objective_rng=objective_rng, iter_num=iter_num,
-                           best_val_loss=best_val_loss, flops_done=flops_done,
-                           peak_flops=peak_flops, peak_dtype=peak_dtype, end_iter=end_iter)
+    setup = Setup(processes, device, log, micro_steps, splits, meta, specials, autocast, raw_model,
+                  model, optimizer, scaler, data_rng, objective_rng)
+    end_iter = iter_num + planned_iterations(config, raw_model, splits, specials, iter_num)
+    start = dict(iter_num=iter_num, end_iter=end_iter, best_val_loss=best_val_loss,
+                 flops_done=flops_done,
+                 peak_dtype=torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+    return setup, start
 
 
 def checkpoint_state(config, setup, run, iter_num):
@@ -296,7 +312,7 @@ def loop(config, setup, run):
     every process agree."""
     model, optimizer, scaler = setup.model, setup.optimizer, setup.scaler
     autocast, log = setup.autocast, setup.log
-    iter_num, micro_steps = setup.iter_num, setup.micro_steps
+    iter_num, micro_steps = run.first_iter, setup.micro_steps
     while True:
         # ---- learning rate
         lr = learning_rate_at(iter_num, config)
@@ -311,7 +327,7 @@ def loop(config, setup, run):
                 # None when a stop comes during it: an evaluation is only worth something whole
                 losses = estimate_loss(setup.raw_model, config, setup.splits, setup.specials,
                                        setup.device, autocast, run.signals, log,
-                                       run.project if iter_num == setup.iter_num else None)
+                                       run.project if iter_num == run.first_iter else None)
                 if losses is not None and all(math.isfinite(v) for v in losses.values()):
                     log(f"step {iter_num}: train loss {losses['train']:.4f}, val loss "
                         f"{losses['val']:.4f}"
@@ -368,8 +384,8 @@ def loop(config, setup, run):
 def train(config):
     """Train with a resolved config (dict). Returns a summary dict; raises
     UserError on bad input."""
-    setup = prepare(config)
-    with RunControl(config, setup, f"python train.py {CPU_RECIPE}",
+    setup, start = prepare(config)
+    with RunControl(config, setup.processes, setup.log, start, f"python train.py {CPU_RECIPE}",
                     is_cpu_recipe(config, DEFAULTS, CPU_RECIPE), SECONDS_BETWEEN_LINES) as run:
         iter_num = loop(config, setup, run)
         run.check_losses()

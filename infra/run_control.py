@@ -2,7 +2,7 @@
 Run control: what a training run must keep track of and agree on beside learning, so that train.py's loop
 shows only learning, evaluation, saving and the log line (as nanoGPT's does):
 
-    with RunControl(config, setup, ...) as run:   # out_dir locked, log opened, Ctrl-C / SIGTERM caught
+    with RunControl(config, processes, log, start, ...) as run:  # out_dir locked, log opened, Ctrl-C caught
         while True:
             if iter_num % eval_interval == 0 or run.finished(iter_num):
                 run.check_losses()                   # a non-finite training loss stops every process here
@@ -37,7 +37,7 @@ import torch
 from infra.checkpoint import CheckpointWriteFailed, OutDirLock, RunLog, save_checkpoint
 from infra.configurator import Failure, UserError, apply_overrides
 from infra.progress import RecentRate, StopSignals, format_duration, remove_quietly
-from infra.timing import matmul_flops_per_second, mfu_text
+from infra.timing import matmul_flops_per_second, matmul_peak, mfu_text
 
 
 class TrainingDiverged(Failure):
@@ -83,15 +83,19 @@ STOPPING = "stopping: saving a checkpoint first"  # what a first Ctrl-C or SIGTE
 
 
 class RunControl:
-    def __init__(self, config, setup, cpu_recipe, is_cpu_recipe, seconds_between_lines):
-        """setup: train.prepare's namespace (processes, log, iter_num, end_iter, best_val_loss, flops_done,
-        peak_flops); cpu_recipe: the command the projection advises on a CPU, unless this run is the recipe."""
-        self.config, self.processes, self.log = config, setup.processes, setup.log
-        self.master, self.out_dir = setup.processes.master, config["out_dir"]
+    def __init__(self, config, processes, log, start, cpu_recipe, is_cpu_recipe, seconds_between_lines):
+        """start: train.prepare's dict of where the run starts and ends (iter_num, end_iter, best_val_loss,
+        flops_done, peak_dtype: the precision whose matmul rate MFU is measured against, measured here);
+        cpu_recipe: the command the projection advises on a CPU, unless this run is the recipe."""
+        self.config, self.processes, self.log = config, processes, log
+        self.master, self.out_dir = processes.master, config["out_dir"]
         self.fresh = config["init_from"] != "resume"
-        self.first_iter, self.end_iter = setup.iter_num, setup.end_iter
-        self.best_val_loss, self.flops_done, self.peak_flops = setup.best_val_loss, setup.flops_done, setup.peak_flops
-        self.peak_dtype, self.peak_checked, self.mfu_doubt = setup.peak_dtype, False, None
+        self.first_iter, self.end_iter = start["iter_num"], start["end_iter"]
+        self.best_val_loss, self.flops_done = start["best_val_loss"], start["flops_done"]
+        self.peak_dtype, self.peak_checked, self.mfu_doubt = start["peak_dtype"], False, None
+        self.peak_flops = matmul_peak(processes.device, self.peak_dtype)
+        log(f"measured matmul peak {self.peak_flops / 1e12:.3f} TFLOP/s (this machine's rate now, what MFU is "
+            "measured against; checked again at the first log line)", flush=True)
         self.tokens_seen = self.supervised_seen = 0
         self.last_losses = {}
         self.seconds_between_lines = seconds_between_lines
@@ -106,7 +110,7 @@ class RunControl:
         self.created = False
         self.saved_at = None  # the iteration of the last checkpoint this run wrote
         self.clock, self.timed_iters, self.last_line = time.perf_counter(), 0, time.perf_counter()
-        self.flops_at_clock = setup.flops_done  # the rate of a FLOPs budget's spending, since the last log line
+        self.flops_at_clock = self.flops_done  # the rate of a FLOPs budget's spending, since the last log line
         self.speed = RecentRate()  # seconds per iteration, the median of the recent log lines' (the time left)
         self.evaluation_started, self.evaluation_seconds = None, 0.0  # the last evaluation's cost (the time left)
 

@@ -95,7 +95,7 @@ def adapted(char_dataset, trained_gpt, tmp_path, arch, **extra):
     import train
     config = train.resolve_config(tiny_args(char_dataset, str(tmp_path / arch), arch=arch, init_from=trained_gpt,
                                             position="rope", **dict(dict(n_layer=2), **extra)))
-    setup = train.prepare(config)
+    setup, _ = train.prepare(config)
     gpt = torch.load(os.path.join(trained_gpt, "ckpt.pt"), map_location="cpu", weights_only=False)["model"]
     return setup.raw_model, gpt
 
