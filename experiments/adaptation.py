@@ -2,22 +2,24 @@
 Question: at equal total training FLOPs, is an encoder, a masked-diffusion model or an encoder-decoder better
 trained from scratch or made from a trained gpt, as recent work makes them (claim G1)?
 
-    python experiments/adaptation.py --jobs=2   # both parts below, the reversal task first
-    python experiments/adaptation.py --part=study --jobs=2   # 3 targets x 2 shares x 3 rates x 3 seeds of
-                                                # adaptation, the gpt continuation control, then every kept
-                                                # backbone scored -> results/study/adaptation-cpu.{md,json,png}:
-                                                # 103 minutes on 2 cores of an Intel Xeon, another experiment and
-                                                # the test suite beside it (69 runs of adaptation, 90 scoring
-                                                # cells; the study's runs reused)
+    python experiments/adaptation.py --jobs=2   # both parts below, the reversal task first: 47 minutes on
+                                                # 2 cores of an AMD EPYC, alone, with study.py's runs there to
+                                                # reuse; 70 minutes without them (23 more to train them first)
+    python experiments/adaptation.py --part=study --jobs=2   # 3 targets x 3 rates x 3 seeds of adaptation
+                                                # (one more rate past an edge), the gpt continuation control, then
+                                                # every kept backbone scored -> results/study/adaptation-cpu.{md,
+                                                # json,png}: 33.4 minutes there (33 runs of adaptation, 60 scoring
+                                                # cells), 56.8 with the study's 15 from-scratch runs and its gpt at
+                                                # half the budget trained first
     python experiments/adaptation.py --part=reversal --jobs=2   # the reversal task (claim X4) built from its
-                                                # own gpt: 36 runs -> results/study/adaptation-reversal-cpu.md:
-                                                # 17.8 minutes on 2 cores of an AMD EPYC, alone
+                                                # own gpt: 24 runs -> results/study/adaptation-reversal-cpu.md:
+                                                # 13.4 minutes there
     python experiments/adaptation.py --quick    # a smoke run in seconds (the test suite runs it) -> out-quick/
 
 Two phases share the study's budget (experiments/study.py's FLOPs for one model). First gpt trains for a share f of
-it (f = 0.25 and 0.5: the study's own gpt runs at those budgets, reused); then each target trains from gpt's
-weights (infra/adaptation.py says which module gets which) for the rest, 1 - f, so both phases add up to the
-budget:
+it (SCALES' shares: f = 0.5 at scale cpu, 0.25 and 0.5 at scale gpu; the study's own gpt runs at those budgets,
+reused); then each target trains from gpt's weights (infra/adaptation.py says which module gets which) for the
+rest, 1 - f, so both phases add up to the budget:
     bert       MLM (15%, 80/10/10), bidirectional from its first step: CLM then MLM (Gisserot-Boukhlef et al.
                2025, arXiv 2507.00994)
     diffusion  masked diffusion (1/t-weighted ELBO), its attention opened from causal to full over the first 10%
@@ -43,8 +45,8 @@ Each kept backbone is scored on what it is for, beside the rules a trivial reade
 A difference is called only when the two rows' mean +- std over seeds do not overlap.
 
 The reversal task's backward half (claim X4) needs its own text, so it has its own gpt: reversal.py's text, shape
-and recipe (one rate for every model, as reversal.py trains them; 3 seeds), gpt trained on it for 0.25 or 0.5 of
-reversal.py's budget, then bert, diffusion and t5 from that gpt as above for the rest, against the same from
+and recipe (one rate for every model, as reversal.py trains them; 3 seeds), gpt trained on it for the same share
+of reversal.py's budget, then bert, diffusion and t5 from that gpt as above for the rest, against the same from
 scratch; asked the evaluation half's questions beside reversal.py's rules. Positive control per row: the forward
 questions (the direction the text states) answered in >= 90% of cases in every seed, or the row decides nothing.
 """
@@ -79,7 +81,7 @@ DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_ch
                 jobs=1,  # how many runs train (and backbones are scored) at once, in processes
                 part="all")  # "study": the study's text alone; "reversal": the reversal task alone
 SCALES = {  # the study's scale read; shares: gpt's share of the budget before adaptation; anneal: of the steps
-    "cpu": dict(study_scale="cpu", shares=(0.5,), anneal=0.1),  # (0.25, 0.5): about twice the time
+    "cpu": dict(study_scale="cpu", shares=(0.5,), anneal=0.1),  # (0.25, 0.5): twice the adaptation runs
     "gpu": dict(study_scale="gpu", shares=(0.25, 0.5), anneal=0.1),
     "quick": dict(study_scale="quick", shares=(0.5,), anneal=0.1),
 }
