@@ -2,9 +2,9 @@
 Question: at equal total training FLOPs, is an encoder, a masked-diffusion model or an encoder-decoder better
 trained from scratch or made from a trained gpt, as recent work makes them (claim G1)?
 
-    python experiments/adaptation.py --jobs=2   # both parts below, the reversal task first: 47 minutes on
-                                                # 2 cores of an AMD EPYC, alone, with study.py's runs there to
-                                                # reuse; 70 minutes without them (23 more to train them first)
+    python experiments/adaptation.py --jobs=2   # both parts below, the reversal task first: 70.2 minutes on
+                                                # 2 cores of an AMD EPYC, alone, 23.3 of them training study.py's
+                                                # runs, which a machine where study.py ran reuses (then 47)
     python experiments/adaptation.py --part=study --jobs=2   # 3 targets x 3 rates x 3 seeds of adaptation
                                                 # (one more rate past an edge), the gpt continuation control, then
                                                 # every kept backbone scored -> results/study/adaptation-cpu.{md,
