@@ -2,7 +2,7 @@
 Run control: what a training run must keep track of and agree on beside learning, so that train.py's loop
 shows only learning, evaluation, saving and the log line (as nanoGPT's does):
 
-    with RunControl(config, processes, log, start, ...) as run:  # out_dir locked, log opened, Ctrl-C caught
+    with RunControl(config, processes, log, start, ...) as run:  # out_dir locked, log opened, Ctrl-C / SIGTERM caught
         while True:
             if iter_num % eval_interval == 0 or run.finished(iter_num):
                 run.check_losses()                   # a non-finite training loss stops every process here

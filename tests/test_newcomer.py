@@ -101,7 +101,8 @@ def test_an_mfu_above_100_percent_is_reported_as_a_measurement_problem(char_data
     """A peak measured on a busy machine (forced here to 1 MFLOP/s) is never the base of an MFU figure above 100%."""
     assert format_mfu(0.5e12, 1e12) == "mfu 50.0%"
     assert format_mfu(3e12, 1e12).startswith("mfu ? (")
-    monkeypatch.setattr(train, "matmul_peak", lambda *args, **kwargs: 1e6)
+    from infra import run_control  # where the peak MFU is read against is measured
+    monkeypatch.setattr(run_control, "matmul_peak", lambda *args, **kwargs: 1e6)
     train.train(train.resolve_config(tiny_args(char_dataset, str(tmp_path / "o"), max_iters=3, log_interval=1,
                                                quiet=False)))
     out = capsys.readouterr().out
@@ -132,7 +133,7 @@ def test_a_peak_measured_on_a_busy_machine_is_doubted_from_the_first_line(char_d
     included (an MFU of 50% against a peak measured 50x too low would look like a fact)."""
     from infra import run_control
     assert run_control.peak_doubt(1e11, 1.5e11) is None and "busy machine" in run_control.peak_doubt(1e9, 5e10)
-    monkeypatch.setattr(train, "matmul_peak", lambda *args, **kwargs: 1e9)
+    monkeypatch.setattr(run_control, "matmul_peak", lambda *args, **kwargs: 1e9)
     monkeypatch.setattr(run_control, "matmul_flops_per_second", lambda *args, **kwargs: 5e10)
     train.train(train.resolve_config(tiny_args(char_dataset, str(tmp_path / "o"), max_iters=3, log_interval=1,
                                                quiet=False)))
