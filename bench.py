@@ -353,8 +353,9 @@ def decoding_cost(model, average_context, encoder_length=0):
     its context (t5: plus the cross-attention K/V over the encoder's output); FLOPs: 2 per weight of
     a matmul, plus 4 * layers * context * width for q.k and the weighted sum of v."""
     config = model.config
-    weights = model.num_parameters(exclude_positions=True)  # (the tied embedding counts once: its
-    layers = config.n_layer                                 # matmul is the output head)
+    # the tied embedding counts once: its matmul is the output head
+    weights = model.num_parameters(exclude_positions=True)
+    layers = config.n_layer
     if config.arch == "t5":
         # the encoder, its final norm and the cross-attention K/V projections ran once (prefill)
         once = [model.blocks, model.final_norm]
