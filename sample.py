@@ -6,8 +6,8 @@ Generate from a checkpoint written by train.py.
     python sample.py --out_dir=out-bert --steps=16    # mask-predict: N [MASK]s over 16 passes
     python sample.py --init_from=gpt2 --start="The king"
         # published weights (pretrained.py; transformers, the hub)
-    python sample.py --out_dir=out-gpt --compile=True --num_samples=32
-        # compiled decoding, 32 streams, one prefill
+    python sample.py --out_dir=out-gpt --compile=True --num_samples=8
+        # compiled decoding, 8 streams, one prefill
 
 gpt, prefixlm and t5 decode left to right with a KV cache (kvcache.py): `generate`, against its
 plain reference `generate_uncached` (the whole context again for every token; both write identical
@@ -34,7 +34,7 @@ import torch
 from infra.checkpoint import load_model
 from infra.configurator import (UserError, apply_overrides, check_compiler, pick_device,
                                  read_text_file, run_main)
-from infra.decode_layout import decoding_step
+from infra.decode_layout import compile_pays, decoding_step, runs_compiled_step
 from infra.pretrained import tokenizer_for
 from infra.progress import StopSignalsWithProgress
 import kvcache
@@ -58,9 +58,10 @@ DEFAULTS = dict(
     order="confident",        # bert / diffusion: reveal the most confident positions first, the
                               # largest top-2 margin (margin), or random ones
     block_length=0,           # bert / diffusion: > 0 = semi-autoregressive blocks left to right
-    compile=False,            # gpt / prefixlm / t5: torch.compile the one-token decoding step
-                              # (bench.py 4c; on a CPU a 256-wide model compiles for 40-45 s, then
-                              # decodes 1.2-2.3x faster at batch 1: docs/speed.md)
+    compile="auto",           # gpt / prefixlm / t5: torch.compile the one-token decoding step, True
+                              # or False; auto: where this generation repays the compile (bench.py
+                              # 4c: on a CPU a 256-wide model compiles for 30-50 s, then decodes one
+                              # row 1.4-2.3x faster: ~35,000 tokens; docs/speed.md)
 )
 
 
@@ -189,16 +190,16 @@ def generate(model, prompt, max_new_tokens, sampling=Sampling(), stop=None, comp
     same prompt, once for all of them: the cache is forked, prefix caching), then one position per
     step. prompt: gpt / prefixlm, the tokens so far (N, P), one row per sample; t5, a T5Prompt,
     whose encoder input is encoded once. Identical tokens to generate_uncached
-    (tests/test_kvcache.py). compiled=True runs each decoding step through torch.compile (same
-    tokens as eager, tests/test_kvcache.py)."""
+    (tests/test_kvcache.py). compiled=True runs each decoding step through torch.compile where
+    that is the faster for this many rows (same tokens as eager, tests/test_kvcache.py)."""
     model.eval()
+    sequence = start_sequence(model, prompt)
+    rows = sequence.size(0)
     # kvcache.decode_step, run where it is fastest: its weights prepacked for this CPU, or the step
     # compiled (infra/decode_layout.py: speed only, the same tokens)
-    one_position, layout = decoding_step(model, compiled)
+    one_position, layout = decoding_step(model, compiled, rows)
     with layout:
         block_size = model.config.block_size
-        sequence = start_sequence(model, prompt)
-        rows = sequence.size(0)
         if one_prompt(model, prompt, sequence):
             cache, logits = prefill_window(model, sequence[:1], prompt)
             # one prefill serves every sample
@@ -308,7 +309,7 @@ def read_prompt(start):
 
 
 COMPILED_NOTE = (", compiled decoding step (the time includes compiling it once per process: "
-                 "seconds; on a CPU, 40-45 s for a model 256 wide or wider, whose weights are "
+                 "seconds; on a CPU, 30-50 s for a model 256 wide or wider, whose weights are "
                  "frozen into tuned kernels)")
 
 
@@ -336,12 +337,16 @@ def generate_left_to_right(model, ids, objective, specials, config, generator, s
         tokens = generate_uncached(model, prompt, config["max_new_tokens"], sampling, stop)
         how = "encoder + decoder recomputed per token" if t5 else "full recomputation per token"
     else:
-        tokens = generate(model, prompt, config["max_new_tokens"], sampling, stop,
-                          compiled=config["compile"])
+        compiled = compile_choice(config, model, device)  # --compile: True, False or auto
+        tokens = generate(model, prompt, config["max_new_tokens"], sampling, stop, compiled)
         how = "KV cache (one shared prefill, one position per step)"
         if t5:
             how = "encoder once, cached decoder"
-        how += COMPILED_NOTE if config["compile"] else ""
+        if compiled and not runs_compiled_step(model, rows):
+            how += (", the eager step (--compile=True: with more than 8 rows on a CPU it is the "
+                    "faster)")
+        elif compiled:
+            how += COMPILED_NOTE
     return [row[1 if t5 else len(source):] for row in tokens.tolist()], how
 
 
@@ -399,7 +404,7 @@ def check_sample_config(config, arch, prompt_tokens, block_size, objective):
     if arch != "bert" and unmasking_only:
         raise UserError(f"--{unmasking_only[0]} is for iterative unmasking (bert); {arch} "
                         "generates left to right: drop it")
-    if config["compile"] and (arch == "bert" or config["no_cache"]):
+    if config["compile"] is True and (arch == "bert" or config["no_cache"]):
         raise UserError("--compile=True compiles the cached one-token decoding step: "
                         + ("bert has no such step (claim D4), drop --compile" if arch == "bert" else
                            "it does not apply with --no_cache, drop one of them"))
@@ -417,6 +422,24 @@ def check_sample_config(config, arch, prompt_tokens, block_size, objective):
         raise UserError(f"bert fills masks inside its context: prompt ({prompt_tokens}) + "
                         f"--max_new_tokens ({config['max_new_tokens']}) must be at most "
                         f"{block_size}")
+
+
+COMPILE_CHOICES = {"auto": "auto", "True": True, "False": False}  # --compile's text
+
+
+def compile_choice(config, model, device):
+    """--compile as a bool: True or False as given; auto, whether this generation repays
+    compiling the decoding step (infra/decode_layout.compile_pays, from what bench.py measured)
+    where a compiler can build it. Same tokens either way."""
+    if config["compile"] != "auto":
+        return config["compile"]
+    if model.config.arch == "bert" or config["no_cache"]:  # no cached step to compile (claim D4)
+        return False
+    try:
+        check_compiler(device)
+    except UserError:
+        return False  # no C++ compiler: auto decodes eagerly
+    return compile_pays(model, config["num_samples"], config["max_new_tokens"])
 
 
 def check_memory(model, config, prompt_tokens):
@@ -445,8 +468,11 @@ def main():
         # each would write the same samples
         raise UserError("sample.py runs in one process: start it with python, not under torchrun "
                         "or infra.parallel")
+    if config["compile"] not in COMPILE_CHOICES:
+        raise UserError(f"--compile={config['compile']}: choose auto, True or False")
+    config["compile"] = COMPILE_CHOICES[config["compile"]]
     device = pick_device(config["device"])
-    if config["compile"]:
+    if config["compile"] is True:
         check_compiler(device)
     if config["init_from"]:  # published weights (pretrained.py); transformers is needed only here
         from infra.pretrained import load_for_sampling

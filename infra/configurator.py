@@ -151,8 +151,9 @@ def _check_type(key, value, default, current=None):
     elif isinstance(value, type(default)):
         return value
     example = default if current is None else current
+    quoted = f": in a config file write {key} = \"{value}\"" if isinstance(default, str) else ""  # a text option
     raise UserError(f"--{key}={value!r} has the wrong type: expected {type(default).__name__}, like "
-                    f"{example!r}" + (" (the value in use)" if example != default else " (the default)"))
+                    f"{example!r}" + (" (the value in use)" if example != default else " (the default)") + quoted)
 
 
 def _unknown(key, known):
@@ -201,7 +202,7 @@ def apply_overrides(defaults, argv):
             if isinstance(defaults[key], bool):
                 config[key] = True  # --flag alone means --flag=True
                 continue
-            raise UserError(f"--{key} needs a value: --{key}=<value>")
+            raise UserError(f"--{key} needs a value: --{key}=<value> (the default: {defaults[key]!r})")
         if isinstance(defaults[key], str):
             value = text  # a string option takes the text as typed: --start=2024 is the prompt "2024"
         else:

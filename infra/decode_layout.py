@@ -69,45 +69,81 @@ def prepacked(model):
 # FROZEN_MIN_WIDTH wide, the matmuls are Inductor's own C++ GEMM kernels: freezing makes the weights constants of the
 # graph, which the kernels pack once into their blocked layout, and max_autotune is given that template alone (its
 # timing runs with each weight in the caches, where the BLAS call can look faster to it than it is for a step that
-# streams the weights from memory). On an AMD EPYC a batch-1 step then takes a third of the eager step's time, after a
-# first call that compiles for 40-45 s (docs/speed.md). Frozen weights cannot follow training: a model whose
-# parameters were changed in place or replaced since its step was built is refused (a change through .data is not
-# seen). No recompilation per token: dynamic=True compiles the cache length (and a batch size above 1) as symbolic
-# sizes, so one graph serves every position; batch 1 and the context's last position get graphs of their own. The
-# prefill stays eager: it runs once per generation. Compiled graphs are kept per code object, up to
-# torch._dynamo.config.recompile_limit (8) sets of guards, and a frozen graph guards on its model's weights: a
-# process that decodes with several models in turn needs torch._dynamo.reset() between them (bench.py), or past
-# the limit the step quietly runs eager.
+# streams the weights from memory). On an AMD EPYC a batch-1 step then takes 35-41% of the time of an eager step with
+# nn.Linear's layout and 44-69% of the prepacked one's, after a first call that compiles for 30-50 s (docs/speed.md).
+# Frozen weights cannot follow training: a model whose parameters were changed in place or replaced since its step was
+# built is refused (a change through .data is not seen). No recompilation per token: dynamic=True compiles the cache
+# length (and a batch size above 1) as symbolic sizes, so one graph serves every position; batch 1 and the context's
+# last position get graphs of their own. The prefill stays eager: it runs once, and again each time the window slides.
+# Compiled graphs are kept per code object, up to torch._dynamo.config.recompile_limit (8) sets of guards, and a
+# frozen graph guards on its model's weights: a process that decodes with several models in turn needs
+# torch._dynamo.reset() between them (bench.py), or past the limit the step quietly runs eager.
 FROZEN_MIN_WIDTH = 256  # narrower models stay in the CPU's caches: C++ GEMM kernels would not pay their compile
 FROZEN_WEIGHTS = weakref.WeakKeyDictionary()  # model -> [(parameter, its version counter)] when its step was built
+
+# Which step runs, by the number of rows. On the AMD EPYC (results/logs/compiled_rows.txt: interleaved, three rounds,
+# in two processes, each with an empty kernel cache, the graph for more than one row first compiled at 8 rows in one
+# and at 32 in the other) the frozen step is 1.84-1.95x the prepacked eager step at 1 row and 1.19-1.25x at 8, but
+# 0.90-0.97x at 16 and 0.81-0.83x at 32 in both: not the size its kernels were tuned at. bench.py's profile puts the
+# difference in the compiled graph (likely its products, where several rows share each weight read; docs/speed.md). So
+# with more rows than this, a compiled generation of a model FROZEN_MIN_WIDTH wide or wider on a CPU runs the eager
+# step; bench.py's 4c sets it to None to keep measuring the compiled step there. Measured on the AMD EPYC only,
+# applied on every CPU; elsewhere (a GPU) the compiled step runs.
+COMPILED_MAX_ROWS = 8
+# sample.py's default (--compile=auto) compiles where the compile is repaid within the generation. Measured on the AMD
+# EPYC, gpt 6 layers x 384, one row: a generation past the context compiles for 47.2-48.4 s with an empty kernel cache
+# and 31.6 s with a kept one (results/logs/compiled_rows.txt; Inductor's graph cache cannot store the frozen weights'
+# oneDNN tensors, only the kernels are reused); each step then takes 1.39 ms less (bench.py's 4c,
+# results/bench/bench-cpu-amd.md: 271.7 -> 435.7 tokens/s; 1.5-2.7 ms in compiled_rows.txt, 1.09 ms in the run
+# before). The longer compile over the smaller saving: repaid after about 35,000 steps. One row only: at 8 rows a step
+# saved 0.9-1.2 ms interleaved (compiled_rows.txt) but 0.08 ms in that bench run, 2.7 ms in the run before and nothing
+# in the decoding rerun (results/bench/bench-cpu-amd-decoding-rerun.md). Nothing measured a GPU or a model of another
+# size: a wider one (gpt2 from --init_from) is decided by this one's figures, a narrower one (not frozen) stays eager.
+COMPILE_SECONDS, SECONDS_SAVED_PER_STEP = 48.4, 1.39e-3
+
+
+def frozen(model):
+    """Whether this model's compiled step freezes its weights (a CPU, FROZEN_MIN_WIDTH wide or wider)."""
+    return model.lm_head.weight.device.type == "cpu" and model.config.n_embd >= FROZEN_MIN_WIDTH
+
+
+def runs_compiled_step(model, rows):
+    """Whether a compiled generation of `rows` rows runs the compiled step (see COMPILED_MAX_ROWS)."""
+    return not frozen(model) or COMPILED_MAX_ROWS is None or rows <= COMPILED_MAX_ROWS
+
+
+def compile_pays(model, rows, steps):
+    """--compile=auto: whether compiling the decoding step is repaid within `steps` steps of `rows` rows, by the
+    figures above (where they were measured: the frozen step on a CPU, one row)."""
+    return frozen(model) and rows == 1 and steps * SECONDS_SAVED_PER_STEP >= COMPILE_SECONDS
 
 
 def compiled_decode_step(model):
     """decode_step through torch.compile for this model's device and width, built on first use: importing the
     compiler costs ~1 s, which a script that never compiles should not pay."""
     device = model.lm_head.weight.device.type
-    frozen = device == "cpu" and model.config.n_embd >= FROZEN_MIN_WIDTH
-    if frozen:
+    if frozen(model):
         weights = [(p, p._version) for p in model.parameters()]  # an in-place change bumps the counter
         before = FROZEN_WEIGHTS.setdefault(model, weights)
         if len(before) != len(weights) or any(p is not q or v != w for (p, v), (q, w) in zip(before, weights)):
             raise RuntimeError("the model's weights changed since its compiled decoding step froze them: call "
                                "torch._dynamo.reset() and decode_layout.FROZEN_WEIGHTS.clear() to compile anew")
-    return compiled_step(device, frozen)
+    return compiled_step(device, frozen(model))
 
 
-def decoding_step(model, compiled):
-    """What sample.generate decodes with: (the one-position step, the context it runs in). Eager: kvcache's step
-    with the weights prepacked (where that applies); compiled: the compiled step, whose frozen weights have a
-    layout of their own. The same tokens either way (tests/test_kvcache.py)."""
-    if compiled:
+def decoding_step(model, compiled, rows):
+    """What sample.generate decodes `rows` rows with: (the one-position step, the context it runs in). Eager:
+    kvcache's step with the weights prepacked (where that applies); compiled: the compiled step, whose frozen weights
+    have a layout of their own, unless more than COMPILED_MAX_ROWS rows make the eager step the faster. The same
+    tokens either way (tests/test_kvcache.py)."""
+    if compiled and runs_compiled_step(model, rows):
         return compiled_decode_step(model), contextlib.nullcontext()
     return decode_step, prepacked(model)
 
 
 @functools.cache
-def compiled_step(device, frozen):
-    if not frozen:
+def compiled_step(device, freeze):
+    if not freeze:
         return torch.compile(decode_step, dynamic=True)
     from torch._inductor import config
     warnings.filterwarnings("ignore", "TypedStorage is deprecated")  # the autotuner's own, once per process

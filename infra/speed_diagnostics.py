@@ -261,6 +261,13 @@ def hugging_face_section(generate, device, size, repeats, results, prompt, new, 
 MODES = (("eager, nn.Linear's layout", False), ("eager", False), ("compiled", True))  # 4c's steps, in this order
 
 
+def steps_to_repay(compile_seconds, eager_tokens_per_s, compiled_tokens_per_s, rows):
+    """Decoding steps of `rows` rows after which compiling has paid for itself: its first call's extra time over
+    what each step saves; None where the compiled step saves nothing (the figures behind decode_layout.compile_pays)."""
+    saved = rows / eager_tokens_per_s - rows / compiled_tokens_per_s  # seconds a step
+    return compile_seconds / saved if saved > 0 else None
+
+
 def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, size, repeats, results, models,
                               prompt, new, autocast):
     """bench.py's 4c: eager vs torch.compile'd decoding step (decode_layout.compiled_decode_step), gpt at batch 1, 8 and
@@ -274,6 +281,8 @@ def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, s
         cases = [("gpt", 1), ("t5", 1)]
     t5_inputs = prompt[:, :8]
     rows, data = [], {}
+    max_rows = decode_layout.COMPILED_MAX_ROWS  # sample.py's, restored after each row
+    compile_seconds = {}  # (arch, more than one row) -> the first call's extra time of that graph
     progress = Progress("[bench] compiled decoding", len(MODES) * len(cases))
     with torch.no_grad(), autocast():
         for done, (arch, batch) in enumerate(cases):
@@ -294,11 +303,12 @@ def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, s
                     generate(model, prompts, new, compiled=compiled)
 
                 decode_layout.USE_PREPACKED = mode != "eager, nn.Linear's layout"
+                decode_layout.COMPILED_MAX_ROWS = None  # the compiled step at every batch, where sample.py would not
                 try:
                     first = time_once(generation, device)  # compiles on its first call (for a new batch regime)
                     seconds = median_time(generation, device, max(1, repeats // 2), warmup=0)
                 finally:
-                    decode_layout.USE_PREPACKED = True
+                    decode_layout.USE_PREPACKED, decode_layout.COMPILED_MAX_ROWS = True, max_rows
                 tokens_per_s = batch * new / seconds
                 data[f"{arch}, batch {batch}, {mode}"] = figures = {
                     "tokens_per_s": tokens_per_s, "floor_tokens_per_s": floor, "of_floor": tokens_per_s / floor,
@@ -309,20 +319,31 @@ def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, s
                              f"{compute_bound:,.0f}",
                              f"{figures['first_call_extra_s']:.1f}"])
             plain = data[f"{arch}, batch {batch}, {MODES[0][0]}"]
+            eager, compiled = (data[f"{arch}, batch {batch}, {mode}"] for mode in ("eager", "compiled"))
+            # batch 32 reuses batch 8's graph: the compile it is charged is batch 8's. (A generation past the
+            # context compiles one more graph, for its last position, which these never reach: compiled_rows.txt)
+            compile_s = compile_seconds.setdefault((arch, batch > 1), compiled["first_call_extra_s"])
+            repaid = steps_to_repay(compile_s, eager["tokens_per_s"], compiled["tokens_per_s"], batch)
+            compiled["compile_repaid_after_steps"] = repaid
             for back, (mode, _) in enumerate(MODES):
                 figures = data[f"{arch}, batch {batch}, {mode}"]
                 figures["speedup_over_plain_eager"] = figures["tokens_per_s"] / plain["tokens_per_s"]
                 rows[back - len(MODES)].append(f"{figures['speedup_over_plain_eager']:.2f}x")
+                rows[back - len(MODES)].append("-" if mode != "compiled" else "never: slower than eager"
+                                               if repaid is None else f"{repaid:,.0f}")
     results["compiled_decoding"] = data
     return table(f"4c. Compiled decoding: {new} greedy tokens per row from a {prompt.size(1)}-token prompt (t5: an "
                  f"8-token encoder input): eager with nn.Linear's weight layout, eager as sample.py decodes (the "
                  f"weights prepacked for the CPU's BLAS, infra/decode_layout.py) and the torch.compile'd step "
                  f"(decode_layout.compiled_decode_step); floor = weights once per step + each row's KV cache, at the "
                  f"copy bandwidth of 4b (from memory), and at the bandwidth of a copy the size of gpt's weights (the "
-                 f"CPU's caches serving them)",
+                 f"CPU's caches serving them); the compiled step is measured at every batch, also where sample.py "
+                 f"decodes eagerly (on a CPU, more than {max_rows} rows: decode_layout.COMPILED_MAX_ROWS); its "
+                 f"compile is repaid after (first-call extra s) / (s a step saved against eager) steps (batch 32 "
+                 f"reuses batch 8's graph)",
                  ["arch", "batch", "step", "tokens/s", "floor tokens/s", "of floor", "floor, weights-sized copy",
                   "compute bound tokens/s",
-                  "first-call extra s (compile)", "vs nn.Linear's layout"], rows)
+                  "first-call extra s (compile)", "vs nn.Linear's layout", "compile repaid after (steps)"], rows)
 
 
 

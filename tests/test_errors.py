@@ -1,4 +1,5 @@
 """Bad input ends with one line on stderr, exit status 2, no traceback, nothing written."""
+import math
 import os
 import shutil
 import sys
@@ -116,6 +117,8 @@ def test_resume_refusals(char_dataset, trained_dir, tmp_path):
 
 def test_sample_bad_inputs(trained_dir, tmp_path):
     before = snapshot(trained_dir)
+    compile_file = tmp_path / "compiled.py"
+    compile_file.write_text("compile = True\n")  # a bool where sample.py reads text
     cases = [
         ([f"--out_dir={trained_dir}", "--start=héllo"], "outside the vocabulary"),
         ([f"--out_dir={trained_dir}", "--start="], "prompt is empty"),
@@ -133,6 +136,9 @@ def test_sample_bad_inputs(trained_dir, tmp_path):
         ([f"--out_dir={trained_dir}", "--temperature=inf"], "not a finite number"),
         ([f"--out_dir={trained_dir}", "--temperature=-inf"], "not a finite number"),
         ([f"--out_dir={trained_dir}", "--compile=True", "--no_cache=True"], "drop one of them"),
+        ([f"--out_dir={trained_dir}", "--compile=yes"], "choose auto, True or False"),
+        ([f"--out_dir={trained_dir}", "--compile"], "the default: 'auto'"),  # a text option: auto, True, False
+        ([str(compile_file), f"--out_dir={trained_dir}"], 'write compile = "True"'),
     ]
     for args, needle in cases:
         print(assert_clean_failure(run_script("sample.py", *args), needle))
@@ -144,6 +150,8 @@ def test_sample_runs_and_reports_speed(trained_dir):
                         "--max_new_tokens=40")
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("To be") == 2 and "tokens/s" in result.stdout
+    # the default, --compile=auto: 40 steps of a 32-wide model do not repay a compile (decode_layout.compile_pays)
+    assert "compiled decoding step" not in result.stdout
     # --compile=True (decode_layout.compiled_decode_step): greedy text identical to the eager step's
     texts = {}
     for compiled in (False, True):
@@ -151,6 +159,7 @@ def test_sample_runs_and_reports_speed(trained_dir):
                             "--max_new_tokens=40", "--temperature=0", f"--compile={compiled}")
         assert result.returncode == 0, result.stderr
         texts[compiled] = result.stdout.rsplit("gpt (", 1)[0]  # the samples, before the speed line
+        assert ("compiled decoding step" in result.stdout) == compiled
     assert texts[True] == texts[False] and texts[True].count("To be") == 2
 
 
@@ -186,6 +195,17 @@ def test_a_decoding_rate_above_its_floor_is_flagged_with_its_reason(monkeypatch)
     assert bench.floor_bandwidths("cpu", {"quick": False}, 1, results, model)[0] == 20e9
 
 
+def test_the_steps_that_repay_a_compile_are_its_time_over_what_a_step_saves():
+    """4c's last column (the figures behind decode_layout.compile_pays): 33.5 s of compile, 271.7 -> 435.7
+    tokens/s at one row saves 1.39 ms a step, repaid after ~24,000 steps; 8 rows at 979.2 -> 1,455.8 tokens/s (an
+    earlier run) save 2.7 ms a step; no saving, never repaid."""
+    from infra.speed_diagnostics import steps_to_repay
+    assert steps_to_repay(33.5, 271.7, 435.7, 1) == pytest.approx(33.5 / (1 / 271.7 - 1 / 435.7))
+    assert 24_000 < steps_to_repay(33.5, 271.7, 435.7, 1) < 24_400
+    assert 12_000 < steps_to_repay(33.1, 979.2, 1455.8, 8) < 13_000
+    assert steps_to_repay(0.0, 1831.7, 1569.0, 32) is None and steps_to_repay(1.0, 500.0, 500.0, 1) is None
+
+
 @pytest.mark.optional_packages  # 4d compares with transformers where it is installed
 def test_bench_quick_runs_every_section(tmp_path):
     """bench.py must not rot: the quick run exercises every section and its compiled rows (no assertion on
@@ -213,6 +233,7 @@ def test_bench_quick_runs_every_section(tmp_path):
     assert flex["max_error_vs_sdpa"] < 1e-5, flex  # (the other masks: the test below)
     assert {f"{arch}, batch 1, {m}" for arch in ("gpt", "t5") for m in ("eager", "compiled")} <= \
         set(results["compiled_decoding"])
+    assert "compile_repaid_after_steps" in results["compiled_decoding"]["gpt, batch 1, compiled"]
     try:  # 4d: against transformers' generate on the same weights, where transformers is installed
         import transformers  # noqa: F401
     except ImportError:
@@ -383,6 +404,38 @@ def test_sample_compile_needs_a_decoding_step_to_compile():
     assert "drop one of them" in user_error(sample.check_sample_config, dict(compiled, no_cache=True), "gpt", 3, 32,
                                             "clm")
     sample.check_sample_config(compiled, "t5", 3, 32, "span_corruption")  # accepted
+    sample.check_sample_config(dict(sample.DEFAULTS, max_new_tokens=20), "bert", 3, 32, "mlm")  # auto: accepted
+
+
+def test_sample_compile_auto_compiles_where_the_generation_repays_it(monkeypatch):
+    """--compile=auto (the default) compiles the decoding step where decode_layout.compile_pays says the steps repay
+    the compile: a CPU model FROZEN_MIN_WIDTH wide, one row, enough steps; never bert, never --no_cache, never
+    without a C++ compiler; True and False as given."""
+    import sample
+    from infra import decode_layout
+    from model import ModelConfig, Transformer
+
+    def model(arch="gpt", n_embd=decode_layout.FROZEN_MIN_WIDTH):
+        return Transformer(ModelConfig(arch=arch, vocab_size=40, block_size=16, n_layer=1, n_head=2, n_embd=n_embd))
+
+    repaid = math.ceil(decode_layout.COMPILE_SECONDS / decode_layout.SECONDS_SAVED_PER_STEP)  # ~35,000 steps
+    assert 10_000 < repaid < 60_000
+    auto = dict(sample.DEFAULTS, num_samples=1, max_new_tokens=repaid)
+    monkeypatch.setattr(sample, "check_compiler", lambda device: None)  # a C++ compiler is there
+    wide = model()
+    assert sample.compile_choice(auto, wide, "cpu") is True
+    assert sample.compile_choice(dict(auto, max_new_tokens=repaid - 1), wide, "cpu") is False
+    assert sample.compile_choice(dict(auto, num_samples=2), wide, "cpu") is False  # one row only
+    assert sample.compile_choice(auto, model(n_embd=decode_layout.FROZEN_MIN_WIDTH // 2), "cpu") is False  # unmeasured
+    assert sample.compile_choice(auto, model("bert"), "cpu") is False
+    assert sample.compile_choice(dict(auto, no_cache=True), wide, "cpu") is False
+    assert sample.compile_choice(dict(auto, compile=True, max_new_tokens=1), wide, "cpu") is True
+    assert sample.compile_choice(dict(auto, compile=False), wide, "cpu") is False
+
+    def no_compiler(device):
+        raise UserError("needs a C++ compiler")
+    monkeypatch.setattr(sample, "check_compiler", no_compiler)
+    assert sample.compile_choice(auto, wide, "cpu") is False
 
 
 def test_digits_that_are_not_ascii_and_a_binary_text_are_one_line_each(tmp_path):
@@ -462,3 +515,26 @@ def test_quick_and_another_scale_together_are_refused():
     result = run_script("experiments/encoders.py", "--quick", "--scale=gpu")
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
         "encoders.py: error: --quick runs the smoke scale, not --scale=gpu: give one of the two"]
+
+
+def test_sample_says_which_step_decoded(specials, meta, monkeypatch):
+    """The line after the samples names the step that ran: --compile=True with more than COMPILED_MAX_ROWS rows of a
+    model FROZEN_MIN_WIDTH wide on a CPU decodes with the eager step and says so; with fewer rows, the compiled
+    step's note; the default (auto) for a short generation, neither: generate is asked for the eager step."""
+    import sample
+    from infra import decode_layout
+    from model import ModelConfig, Transformer
+    asked = []
+    monkeypatch.setattr(sample, "generate", lambda model, prompt, new, sampling, stop, compiled:
+                        asked.append(compiled) or torch.zeros((prompt.size(0), 4), dtype=torch.long))
+    wide = Transformer(ModelConfig(arch="gpt", vocab_size=meta["vocab_size"], block_size=16, n_layer=1, n_head=2,
+                                   n_embd=decode_layout.FROZEN_MIN_WIDTH))
+    many = decode_layout.COMPILED_MAX_ROWS + 1
+    for config, note in ((dict(compile=True, num_samples=many), "the eager step"),
+                         (dict(compile=True, num_samples=1), "compiled decoding step"),
+                         (dict(num_samples=1), None)):
+        _, how = sample.generate_left_to_right(wide, [5, 6], "clm", specials, dict(sample.DEFAULTS, **config),
+                                               None, None)
+        assert ("the eager step" in how) == (note == "the eager step"), how
+        assert ("compiled decoding step" in how) == (note == "compiled decoding step"), how
+    assert asked == [True, True, False]

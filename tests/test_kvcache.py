@@ -352,3 +352,24 @@ def test_the_frozen_compiled_step_of_a_wide_model_is_its_own_model_and_refuses_c
     for model in (first, second) if arch == "gpt" else (first,):
         with pytest.raises(RuntimeError, match="weights changed since"):
             sample.generate(model, start, 2, sample.GREEDY, compiled=True)
+
+
+def test_a_compiled_generation_of_many_rows_on_a_cpu_runs_the_eager_step():
+    """On a CPU, with more than decode_layout.COMPILED_MAX_ROWS rows the frozen compiled step is the slower
+    (results/logs/compiled_rows.txt), so generate(compiled=True) runs the eager step there: nothing is compiled and
+    the tokens are the eager ones. Up to that many rows, and for a model narrower than FROZEN_MIN_WIDTH (not
+    measured by rows), the compiled step runs."""
+    torch.manual_seed(0)
+    wide = Transformer(ModelConfig(arch="gpt", vocab_size=40, block_size=32, n_layer=1, n_head=2,
+                                   n_embd=decode_layout.FROZEN_MIN_WIDTH)).eval()
+    rows = decode_layout.COMPILED_MAX_ROWS + 1
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    prompt = torch.randint(0, 40, (rows, 5), generator=torch.Generator().manual_seed(3))
+    assert torch.equal(sample.generate(wide, prompt, 10, sample.GREEDY, compiled=True),
+                       sample.generate(wide, prompt, 10, sample.GREEDY))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0  # not one graph compiled
+    assert decode_layout.decoding_step(wide, True, rows)[0] is kvcache.decode_step
+    assert decode_layout.decoding_step(wide, True, rows - 1)[0] is not kvcache.decode_step
+    assert decode_layout.decoding_step(make_model("gpt"), True, rows)[0] is not kvcache.decode_step  # narrow
+    decode_layout.FROZEN_WEIGHTS.clear()
