@@ -34,7 +34,7 @@ import torch
 from infra.checkpoint import load_model
 from infra.configurator import (UserError, apply_overrides, check_compiler, pick_device,
                                  read_text_file, run_main)
-from infra.decode_layout import compile_pays, decoding_step, runs_compiled_step
+from infra.decode_layout import COMPILED_MAX_ROWS, compile_pays, decoding_step, runs_compiled_step
 from infra.pretrained import tokenizer_for
 from infra.progress import StopSignalsWithProgress
 import kvcache
@@ -59,9 +59,9 @@ DEFAULTS = dict(
                               # largest top-2 margin (margin), or random ones
     block_length=0,           # bert / diffusion: > 0 = semi-autoregressive blocks left to right
     compile="auto",           # gpt / prefixlm / t5: torch.compile the one-token decoding step, True
-                              # or False; auto: where this generation repays the compile (bench.py
-                              # 4c: on a CPU a 256-wide model compiles for 30-50 s, then decodes one
-                              # row 1.4-2.3x faster: ~35,000 tokens; docs/speed.md)
+                              # or False; auto: where this generation repays the compile (on a CPU a
+                              # 256-wide model compiles for 30-50 s, then decodes one row 1.4-2.3x
+                              # faster: auto compiles from ~35,000 tokens of one row; docs/speed.md)
 )
 
 
@@ -343,8 +343,8 @@ def generate_left_to_right(model, ids, objective, specials, config, generator, s
         if t5:
             how = "encoder once, cached decoder"
         if compiled and not runs_compiled_step(model, rows):
-            how += (", the eager step (--compile=True: with more than 8 rows on a CPU it is the "
-                    "faster)")
+            how += (f", the eager step (--compile=True: with more than {COMPILED_MAX_ROWS} rows "
+                    "on a CPU it is the faster)")
         elif compiled:
             how += COMPILED_NOTE
     return [row[1 if t5 else len(source):] for row in tokens.tolist()], how

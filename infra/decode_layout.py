@@ -13,9 +13,10 @@ weight, "prepacking") reads it at about two thirds, at batch 1, 8 and 32 alike.
 
 Nothing changes in the modules a reader reads: the forward of each nn.Linear is replaced for the duration of the
 block and restored after it. Used only where it applies: float32 weights on the CPU, no autocast, a torch built
-with oneDNN; anywhere else the block runs the plain layout. sample.generate decodes inside it unless the step is
-compiled (the compiler cannot lower a prepacked weight; it has its own freezing path). bench.py's 4c sets
-USE_PREPACKED = False for the plain layout's row, beside it.
+with oneDNN; anywhere else the block runs the plain layout. sample.generate decodes inside it unless the compiled
+step runs (the compiler cannot lower a prepacked weight; it has its own freezing path); with more than
+COMPILED_MAX_ROWS rows on a CPU a compiled generation decodes inside it too. bench.py's 4c sets USE_PREPACKED = False
+for the plain layout's row, beside it.
 """
 import contextlib
 import functools
@@ -95,10 +96,11 @@ COMPILED_MAX_ROWS = 8
 # and 31.6 s with a kept one (results/logs/compiled_rows.txt; Inductor's graph cache cannot store the frozen weights'
 # oneDNN tensors, only the kernels are reused); each step then takes 1.39 ms less (bench.py's 4c,
 # results/bench/bench-cpu-amd.md: 271.7 -> 435.7 tokens/s; 1.5-2.7 ms in compiled_rows.txt, 1.09 ms in the run
-# before). The longer compile over the smaller saving: repaid after about 35,000 steps. One row only: at 8 rows a step
-# saved 0.9-1.2 ms interleaved (compiled_rows.txt) but 0.08 ms in that bench run, 2.7 ms in the run before and nothing
-# in the decoding rerun (results/bench/bench-cpu-amd-decoding-rerun.md). Nothing measured a GPU or a model of another
-# size: a wider one (gpt2 from --init_from) is decided by this one's figures, a narrower one (not frozen) stays eager.
+# before). compiled_rows.txt's longer compile over bench 4c's saving: repaid after about 35,000 steps (about 44,000
+# with the run before's 1.09 ms). One row only: at 8 rows a step saved 0.9-1.2 ms interleaved (compiled_rows.txt) but
+# 0.08 ms in that bench run, 2.7 ms in the run before and nothing in the decoding rerun
+# (results/bench/bench-cpu-amd-decoding-rerun.md). Nothing measured a GPU or a model of another size: a wider one
+# (gpt2 from --init_from) is decided by this one's figures, a narrower one (not frozen) stays eager.
 COMPILE_SECONDS, SECONDS_SAVED_PER_STEP = 48.4, 1.39e-3
 
 

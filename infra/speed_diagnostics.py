@@ -281,7 +281,7 @@ def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, s
         cases = [("gpt", 1), ("t5", 1)]
     t5_inputs = prompt[:, :8]
     rows, data = [], {}
-    max_rows = decode_layout.COMPILED_MAX_ROWS  # sample.py's, restored after each row
+    max_rows = decode_layout.COMPILED_MAX_ROWS  # sample.py's, restored after each measurement
     compile_seconds = {}  # (arch, more than one row) -> the first call's extra time of that graph
     progress = Progress("[bench] compiled decoding", len(MODES) * len(cases))
     with torch.no_grad(), autocast():
@@ -319,12 +319,12 @@ def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, s
                              f"{compute_bound:,.0f}",
                              f"{figures['first_call_extra_s']:.1f}"])
             plain = data[f"{arch}, batch {batch}, {MODES[0][0]}"]
-            eager, compiled = (data[f"{arch}, batch {batch}, {mode}"] for mode in ("eager", "compiled"))
+            eager_figures, compiled_figures = (data[f"{arch}, batch {batch}, {mode}"] for mode in ("eager", "compiled"))
             # batch 32 reuses batch 8's graph: the compile it is charged is batch 8's. (A generation past the
             # context compiles one more graph, for its last position, which these never reach: compiled_rows.txt)
-            compile_s = compile_seconds.setdefault((arch, batch > 1), compiled["first_call_extra_s"])
-            repaid = steps_to_repay(compile_s, eager["tokens_per_s"], compiled["tokens_per_s"], batch)
-            compiled["compile_repaid_after_steps"] = repaid
+            compile_s = compile_seconds.setdefault((arch, batch > 1), compiled_figures["first_call_extra_s"])
+            repaid = steps_to_repay(compile_s, eager_figures["tokens_per_s"], compiled_figures["tokens_per_s"], batch)
+            compiled_figures["compile_repaid_after_steps"] = repaid
             for back, (mode, _) in enumerate(MODES):
                 figures = data[f"{arch}, batch {batch}, {mode}"]
                 figures["speedup_over_plain_eager"] = figures["tokens_per_s"] / plain["tokens_per_s"]

@@ -369,7 +369,9 @@ def test_a_compiled_generation_of_many_rows_on_a_cpu_runs_the_eager_step():
     assert torch.equal(sample.generate(wide, prompt, 10, sample.GREEDY, compiled=True),
                        sample.generate(wide, prompt, 10, sample.GREEDY))
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0  # not one graph compiled
-    assert decode_layout.decoding_step(wide, True, rows)[0] is kvcache.decode_step
-    assert decode_layout.decoding_step(wide, True, rows - 1)[0] is not kvcache.decode_step
-    assert decode_layout.decoding_step(make_model("gpt"), True, rows)[0] is not kvcache.decode_step  # narrow
-    decode_layout.FROZEN_WEIGHTS.clear()
+    try:
+        assert decode_layout.decoding_step(wide, True, rows)[0] is kvcache.decode_step
+        assert decode_layout.decoding_step(wide, True, rows - 1)[0] is not kvcache.decode_step
+        assert decode_layout.decoding_step(make_model("gpt"), True, rows)[0] is not kvcache.decode_step  # narrow
+    finally:
+        decode_layout.FROZEN_WEIGHTS.clear()  # (the step of rows - 1 recorded `wide`'s weights)

@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from infra.configurator import run_main
+from infra.configurator import Failure, run_main
 from infra.progress import Progress
 from infra.timing import machine_name
 
@@ -64,11 +64,13 @@ def child(first_rows):
 
 
 def run_child(first_rows, cache_dir):
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, PYTHONPATH=os.getcwd())
-    result = subprocess.run([sys.executable, __file__, f"--child={first_rows}"], env=env, capture_output=True,
-                            text=True)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir,
+               PYTHONPATH=os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH")))))
+    result = subprocess.run([sys.executable, os.path.abspath(__file__), f"--child={first_rows}"], env=env,
+                            capture_output=True, text=True)
     if result.returncode:
-        raise SystemExit(f"a measuring process failed: {result.stderr.strip().splitlines()[-1:]}")
+        raise Failure("a measuring process failed: " + (result.stderr.strip().splitlines() or ["no output"])[-1])
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 

@@ -1,4 +1,4 @@
-"""The CPU's frozen compiled decoding step (kvcache.compiled_step) with max_autotune given Inductor's C++ GEMM
+"""The CPU's frozen compiled decoding step (infra/decode_layout.compiled_step) with max_autotune given Inductor's C++ GEMM
 template alone, against the template and the BLAS (MKL's packed linear) both allowed: bench.py's 4c gpt model
 (6 x 384), one cached step at context 128, batch 1. Each round compiles both afresh (no autotuning or graph cache
 kept between rounds), then times them interleaved: 5 blocks of 20 steps each, the median block per step.
