@@ -123,14 +123,14 @@ def compile_pays(model, rows, steps):
 def compiled_decode_step(model):
     """decode_step through torch.compile for this model's device and width, built on first use: importing the
     compiler costs ~1 s, which a script that never compiles should not pay."""
-    device = model.lm_head.weight.device.type
-    if frozen(model):
+    device, freeze = model.lm_head.weight.device.type, frozen(model)
+    if freeze:
         weights = [(p, p._version) for p in model.parameters()]  # an in-place change bumps the counter
         before = FROZEN_WEIGHTS.setdefault(model, weights)
         if len(before) != len(weights) or any(p is not q or v != w for (p, v), (q, w) in zip(before, weights)):
             raise RuntimeError("the model's weights changed since its compiled decoding step froze them: call "
                                "torch._dynamo.reset() and decode_layout.FROZEN_WEIGHTS.clear() to compile anew")
-    return compiled_step(device, frozen(model))
+    return compiled_step(device, freeze)
 
 
 def decoding_step(model, compiled, rows):

@@ -22,13 +22,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import torch
 
 from infra.configurator import Failure, run_main
 from infra.progress import Progress
-from infra.timing import machine_name
+from infra.timing import machine_name, time_once
 
 ROWS = (1, 8, 16, 32)
 LONG = 600  # tokens of the long generation: past the 256-token context twice
@@ -46,9 +45,8 @@ def child(first_rows):
     prompt = torch.randint(0, 65, (1, 16))
 
     def seconds(rows, compiled, new):
-        start = time.perf_counter()
-        sample.generate(model, prompt.expand(rows, -1), new, sample.GREEDY, compiled=compiled)
-        return time.perf_counter() - start
+        return time_once(lambda: sample.generate(model, prompt.expand(rows, -1), new, sample.GREEDY, compiled=compiled),
+                         "cpu")
 
     first_call, again = seconds(1, True, LONG), seconds(1, True, LONG)
     out = {"long_compile_s": first_call - again, "long_compiled_s": again, "long_eager_s": seconds(1, False, LONG)}
