@@ -67,6 +67,44 @@ def special_token_ids(num_ordinary):
     return {name: num_ordinary + i for i, name in enumerate(SPECIAL_TOKENS)}
 
 
+def unchanged(dataset_dir, parts, meta):
+    """Whether dataset_dir already holds exactly these token files (name, bytes) and this meta."""
+    try:
+        with open(os.path.join(dataset_dir, "meta.pkl"), "rb") as f:
+            if pickle.load(f) != meta:
+                return False
+        for name, data in parts:
+            if os.path.getsize(os.path.join(dataset_dir, name)) != len(data):
+                return False
+            with open(os.path.join(dataset_dir, name), "rb") as f:
+                if f.read() != data:
+                    return False
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ValueError):
+        return False
+    return True
+
+
+def write_files(dataset_dir, parts, meta):
+    """train.bin, val.bin and meta.pkl, whole or not at all."""
+    names = ("train.bin", "val.bin", "meta.pkl")
+    try:
+        for name, part in parts:
+            part.tofile(os.path.join(dataset_dir, name + ".tmp"))
+        with open(os.path.join(dataset_dir, "meta.pkl.tmp"), "wb") as f:
+            pickle.dump(meta, f)
+    except BaseException as e:  # a full disk, a read-only folder, Ctrl-C or SIGTERM: nothing half-written left
+        for name in names:
+            if os.path.exists(os.path.join(dataset_dir, name + ".tmp")):
+                os.remove(os.path.join(dataset_dir, name + ".tmp"))
+        if isinstance(e, OSError):
+            raise UserError(f"cannot write the dataset into {dataset_dir} ({e.strerror or e}): nothing written; free "
+                            f"space or choose a writable folder") from None
+        raise
+    for name in names:  # meta last: its presence means "prepared"
+        os.replace(os.path.join(dataset_dir, name + ".tmp"), os.path.join(dataset_dir, name))
+        written_here(os.path.join(dataset_dir, name))
+
+
 def write_dataset(dataset_dir, ids, meta, train_tokens=None):
     """ids: all token ids of the text; the first train_tokens of them (default 90%) train, the rest val. meta gets
     our special tokens added after the text tokens, unless it brings its own (a published tokenizer's:
@@ -83,23 +121,9 @@ def write_dataset(dataset_dir, ids, meta, train_tokens=None):
     ids = np.asarray(ids, dtype=np.uint16)
     n = int(0.9 * len(ids)) if train_tokens is None else train_tokens
     meta.update(train_tokens=n, val_tokens=len(ids) - n)  # lets train.py spot a truncated .bin
-    names = ("train.bin", "val.bin", "meta.pkl")
-    try:
-        for name, part in (("train.bin", ids[:n]), ("val.bin", ids[n:])):
-            part.tofile(os.path.join(dataset_dir, name + ".tmp"))
-        with open(os.path.join(dataset_dir, "meta.pkl.tmp"), "wb") as f:
-            pickle.dump(meta, f)
-    except BaseException as e:  # a full disk, a read-only folder, Ctrl-C or SIGTERM: nothing half-written left
-        for name in names:
-            if os.path.exists(os.path.join(dataset_dir, name + ".tmp")):
-                os.remove(os.path.join(dataset_dir, name + ".tmp"))
-        if isinstance(e, OSError):
-            raise UserError(f"cannot write the dataset into {dataset_dir} ({e.strerror or e}): nothing written; free "
-                            f"space or choose a writable folder") from None
-        raise
-    for name in names:  # meta last: its presence means "prepared"
-        os.replace(os.path.join(dataset_dir, name + ".tmp"), os.path.join(dataset_dir, name))
-        written_here(os.path.join(dataset_dir, name))
+    parts = (("train.bin", ids[:n]), ("val.bin", ids[n:]))
+    if not unchanged(dataset_dir, ((name, part.tobytes()) for name, part in parts), meta):
+        write_files(dataset_dir, parts, meta)  # the same again is left as it is: a run reading it goes on
     vocabulary = f"{meta['tokenizer']}'s" if "tokenizer_family" in meta else \
         f"{meta['num_ordinary']} text + {meta['vocab_size'] - meta['num_ordinary']} special: [PAD] [EOS] [MASK], " \
         f"UL2's 3 mode tokens, {NUM_SENTINELS} span sentinels <S0>..<S{NUM_SENTINELS - 1}>"

@@ -70,7 +70,7 @@ from experiments.structural import SETTINGS, compared_models, run_record
 from experiments.study_report import mean_std, plus_minus
 from experiments.tasks import read_texts
 from infra.checkpoint import load_model
-from infra.configurator import QUICK_NOTE, UserError, run_main
+from infra.configurator import QUICK_NOTE, UserError, check_input_folder, run_main
 from infra.dataset import load_dataset
 from infra.plots import pyplot, save
 from infra.progress import StopSignals, check_writable, format_duration, format_flops
@@ -567,6 +567,11 @@ def study_part(config, scale, device):
 
 def main():
     config, scale, device = resolve_experiment(DEFAULTS, SCALES, "adaptation")
+    check_input_folder(config, "--encoders_dir", DEFAULTS["encoders_dir"], "the --out_dir of experiments/encoders.py, "
+                       "whose kept retrieval rates are read")
+    if config["encoders_dir"] != DEFAULTS["encoders_dir"] and not os.path.isdir(config["encoders_dir"]):
+        raise UserError(f"--encoders_dir={config['encoders_dir']} does not exist: pass the --out_dir of "
+                        f"experiments/encoders.py (default {DEFAULTS['encoders_dir']})")
     if config["part"] not in ("all", "study", "reversal"):
         raise UserError(f"--part={config['part']}: all, study (the study's text alone) or reversal (the reversal "
                         f"task alone)")

@@ -72,7 +72,7 @@ from experiments.encoders_report import CROSS_READERS, PARTS, controls, plot, re
 from experiments.recipe import begun, finished_cells, grow, missing, train
 from experiments.study_report import plateau_threshold
 from experiments.tasks import classification_scores, ngram_features, read_texts, tuned_logistic_regression
-from infra.configurator import UserError, output_folder, run_main
+from infra.configurator import UserError, check_input_folder, output_folder, run_main
 from infra.progress import StopSignals, check_writable, format_duration
 from infra.timing import median_time
 
@@ -399,12 +399,8 @@ def run_cell(cell, stop=False):
 
 def main():
     config, scale, device = resolve_experiment(DEFAULTS, SCALES, "encoders", ())  # its files: checked below
-    if not config["study_dir"]:
-        raise UserError(f"--study_dir is empty: name the folder whose study checkpoints are read (the default is "
-                        f"{DEFAULTS['study_dir']})")
-    if os.path.exists(config["study_dir"]) and not os.path.isdir(config["study_dir"]):
-        raise UserError(f"--study_dir={config['study_dir']} is a file: pass the --out_dir of experiments/study.py "
-                        f"or finetune.py --study (default {DEFAULTS['study_dir']}), whose checkpoints are read")
+    check_input_folder(config, "--study_dir", DEFAULTS["study_dir"], "the --out_dir of experiments/study.py or "
+                       "finetune.py --study, whose checkpoints are read")
     parts = list(PARTS) if config["parts"] == "all" else str(config["parts"]).split(",")
     if not parts or any(part not in PARTS for part in parts) or len(set(parts)) < len(parts):
         raise UserError(f"--parts={config['parts']}: choose all, or some of {', '.join(PARTS)} (comma-separated)")

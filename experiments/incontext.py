@@ -2,10 +2,11 @@
 Question: in-context learning in miniature (claims C5 and X3): can a model learn a mapping it has never seen
 from k demonstrations in its input, and does that need a left-to-right decoder?
 
-    python experiments/incontext.py                  # gpt, bert, prefixlm, t5 x 3 seeds at equal FLOPs: 10.0
-                                                     # minutes measured on 2 cores of an Intel Xeon
-                                                     # -> results/study/incontext-cpu.{md,json,png}
-    python experiments/incontext.py --scale=cpu-long # the same models 7.5x longer -> incontext-cpu-long.*
+    python experiments/incontext.py --jobs=2 --sweep_only=True   # gpt's sweep alone -> incontext-cpu-sweep.*:
+                    # 115.5 minutes of training summed, about 70 on the clock (two runs at a time, 2 cores)
+    python experiments/incontext.py --jobs=2 --reuse=True        # the sweep's runs kept, then bert, prefixlm and
+                    # t5 at the budget found (9 runs at 8 x, 12 controls): not run yet, about 85 minutes more
+                    # (estimated from gpt's 8 x runs) -> results/study/incontext-cpu.{md,json,png}
     python experiments/incontext.py --scale=gpu      # one GPU, larger models and budget
     python experiments/incontext.py --quick          # a smoke run in seconds (the test suite runs it) -> out-quick/
 
@@ -15,21 +16,31 @@ demonstrated keys, so the answer is knowable from the demonstrations and from no
 with demonstrations of another mapping ("shuffled"), the best any rule can do is 1/8 (f is a random
 bijection: every value is equally likely for every key). There are 8! = 40,320 mappings; evaluation uses only
 mappings that never occur in the training text (tested), so accuracy above 1/8 is learning *in context*.
+One matching demonstration is enough: more demonstrations add distractors, not information, so accuracy need
+not rise with k (a trivial rule that copies the last value shown is right at k = 1 and falls with k).
 
-Training: the four architectures read a stream of such episodes (k uniform in 0..16, separated by newlines)
-with their usual objectives (gpt clm, bert mlm, prefixlm and t5 prefix_lm: a random split of each window), at
-the same training FLOPs as in study.py. Nothing tells them where the answers are. Evaluation reads the answer
-where each architecture naturally can: gpt at the query (left to right), prefixlm with the demonstrations and
-query as its bidirectional prefix, t5 with them in its encoder, bert from a [MASK] in the answer slot (as X3
-prompts it). Accuracy = the argmax over the 8 values at the answer slot; beside it, how varied the answers are
-(how many of the 8 values a model ever answers, the share of its most common one): a model that always answers
-the same value sits near 12.5% without being a measurement near chance. For gpt, an induction score per layer:
-the attention weight from the query to the value that followed the same key in a demonstration (the copy an
-induction head makes), beside what uniform attention would give.
+Training: the four architectures read a stream of such episodes (k uniform in 0..16, each after a newline)
+with their usual objectives (gpt clm, bert mlm, prefixlm and t5 prefix_lm: a random split of each window).
+Nothing tells them where the answers are. Evaluation shows each episode as the stream does (after a newline)
+and reads the answer where each architecture naturally can: gpt at the query (left to right), prefixlm with
+the demonstrations and query as its bidirectional prefix, t5 with them in its encoder, bert from a [MASK] in
+the answer slot (as X3 prompts it). Accuracy = the argmax over the 8 values at the answer slot; beside it, how
+varied the answers are (a model that always answers one value sits near 12.5% without being a measurement near
+chance). An induction score per layer for every arch: the attention weight from the position that reads the
+answer (t5: its encoder's query position) to the value that followed the same key in a demonstration (the copy
+an induction head makes), beside what uniform attention would give.
 
-Positive control: each architecture also trains (a quarter of the budget) on episodes that all show one fixed
-mapping, and is asked its keys with no demonstrations: that mapping can be learned only in the weights, so the
-control shows that the objective, the training and the readout at the answer slot can find an answer at all.
+A winner first (the effect control). The budget is found, not fixed: gpt trains at 1 x, 2 x, 4 x ... the
+scale's base budget (3 seeds each) until, on every seed, its mean accuracy over the k >= 1 points is at least
+EFFECT_MARGIN above both k = 0 and the shuffled demonstrations, answering at least EFFECT_DISTINCT distinct
+values, and RULE_MARGIN above the rule that copies the last value shown. Then bert, prefixlm and t5 train at that budget (the same FLOPs, equal_compute.py) and are read with the
+same control. Where gpt never passes, every arch is measured at the largest budget tried and the result says
+"not reproduced up to N x".
+
+Positive control (the readout works): each architecture also trains (a quarter of the base budget) on episodes
+that all show one fixed mapping, and is asked its keys with no demonstrations: that mapping can be learned only
+in the weights, so the control shows that the objective, the training and the readout at the answer slot can
+find an answer at all.
 """
 import json
 import math
@@ -44,37 +55,43 @@ import numpy as np
 import torch
 
 import objectives
-from infra.configurator import QUICK_NOTE, run_main
+from infra.configurator import QUICK_NOTE, UserError, run_main
 from data.prepare_common import write_dataset
 from infra.dataset import load_dataset
-from infra.progress import format_duration, format_flops, write_atomically
+from infra.progress import check_writable, format_duration, format_flops, write_atomically
 from experiments.equal_compute import machine_line, resolve_experiment, train_and_evaluate_seeds
 from infra.plots import pyplot, save
 
 KEYS, VALUES = "abcdefgh", "ABCDEFGH"
 MAX_DEMONSTRATIONS = 16
 K_VALUES = (0, 1, 2, 4, 8, 16)
+START = "\n"  # every training episode follows a newline; evaluation shows each episode the same way
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", out_dir="results/study", seed=1337, quiet=False,
                 reuse=False,  # True: load the runs finished earlier with the same settings
+                sweep_only=False,  # True: gpt's sweep alone (which budget makes it read the demonstrations?)
                 jobs=1)  # how many runs train at once (processes, one per core)
-SCALES = {  # model size and the FLOPs budget (as gpt iterations), the training text, the evaluation
-    # cpu: 12 models (4 archs x 3 seeds), 2,000 gpt steps each; cpu-long: 7.5x longer, one seed
-    "cpu": dict(n_layer=2, n_head=4, n_embd=64, block_size=64, batch_size=32, gpt_iters=2000, eval_iters=10,
-                train_chars=600_000, eval_episodes=200, seeds=3),
-    "gpu": dict(n_layer=6, n_head=6, n_embd=384, block_size=64, batch_size=64, gpt_iters=20000, eval_iters=50,
-                train_chars=5_000_000, eval_episodes=1000, seeds=3),
-    "cpu-long": dict(n_layer=2, n_head=4, n_embd=64, block_size=64, batch_size=32, gpt_iters=15000, eval_iters=10,
-                     train_chars=600_000, eval_episodes=200, seeds=1),
-    "quick": dict(n_layer=1, n_head=2, n_embd=32, block_size=64, batch_size=4, gpt_iters=10, eval_iters=2,
-                  train_chars=20_000, eval_episodes=16, seeds=2),
+SCALES = {  # model size, the base FLOPs budget (as gpt iterations) and its sweep, the training text, evaluation
+    # cpu: 2 x 128 (a pilot at 2 x 64 never left the constant answer in 2,000 iterations; at 128 wide, rate 5e-4,
+    # gpt's induction appeared between 3,000 and 4,500); the sweep stops at the first budget gpt passes
+    "cpu": dict(n_layer=2, n_head=4, n_embd=128, block_size=64, batch_size=32, gpt_iters=1500, budgets=(1, 2, 4, 8),
+                eval_iters=10, train_chars=600_000, eval_episodes=200, seeds=3),
+    "gpu": dict(n_layer=6, n_head=6, n_embd=384, block_size=64, batch_size=64, gpt_iters=5000, budgets=(1, 4, 16),
+                eval_iters=50, train_chars=5_000_000, eval_episodes=1000, seeds=3),
+    "quick": dict(n_layer=1, n_head=2, n_embd=32, block_size=64, batch_size=4, gpt_iters=10, budgets=(1, 2),
+                  eval_iters=2, train_chars=20_000, eval_episodes=16, seeds=2),
 }
 # rotary positions for every arch: a "look one token back" head (what copying a demonstrated value needs) is one
-# relative offset, not 64 learned absolute ones; the learning rate of the pilots
-SETTINGS = dict(position="rope", learning_rate=3e-3)
+# relative offset, not 64 learned absolute ones. The rate: 5e-4 for every arch (the gpt pilots: 2e-3 and 3e-3
+# never left the constant answer, 1e-3 was slower than 5e-4; not tuned per arch, the result file says so)
+SETTINGS = dict(position="rope", learning_rate=5e-4, min_lr=5e-5)
 MODELS = [("gpt", "gpt", "clm", SETTINGS), ("bert", "bert", "mlm", SETTINGS),
           ("prefixlm", "prefixlm", "prefix_lm", SETTINGS), ("t5", "t5", "prefix_lm", SETTINGS)]
-CONTROL_BUDGET = 0.25  # the positive control's share of the budget: a lookup of 8 keys, learned in the weights
+CONTROL_BUDGET = 0.25  # the positive control's share of the base budget: a lookup of 8 keys, learned in the weights
 CONTROL_PASS = 0.5  # a control run passes at 4 x chance or more
+EFFECT_MARGIN = 0.30  # the effect control: mean accuracy over k >= 1 this far above k = 0 and shuffled (each ~1/8)
+EFFECT_DISTINCT = 6  # ... with at least this many distinct answers at every k >= 1 (not one letter near chance),
+RULE_MARGIN = 0.10  # ... and this far above the rule that copies the last value shown (it clears EFFECT_MARGIN
+# without matching a single key): more than noise, the mean over 1,000 episodes has a binomial std under 1.6 points
 
 
 # ----------------------------------------------------------------------------- the task
@@ -146,15 +163,16 @@ def answer_logits(model, texts, stoi, specials, device):
 
 
 def answers(model, episodes, stoi, specials, device):
-    """The value a model answers for each episode, in order: the argmax over the 8 values at the answer slot
-    (episodes of one length read together)."""
+    """The value a model answers for each episode, in order: the argmax over the 8 values at the answer slot, each
+    episode shown after a newline as in the training stream (episodes of one length read together)."""
     value_ids = torch.tensor([stoi[v] for v in VALUES], device=device)
     by_length = {}
     for number, (text, _) in enumerate(episodes):
         by_length.setdefault(len(text), []).append(number)
     predicted = [None] * len(episodes)
     for numbers in by_length.values():
-        logits = answer_logits(model, [episodes[n][0] for n in numbers], stoi, specials, device)[:, value_ids]
+        texts = [START + episodes[n][0] for n in numbers]
+        logits = answer_logits(model, texts, stoi, specials, device)[:, value_ids]
         for n, i in zip(numbers, logits.argmax(dim=-1).tolist()):
             predicted[n] = VALUES[i]
     return predicted
@@ -172,50 +190,92 @@ def accuracy(model, episodes, stoi, specials, device, spread=None):
 
 
 @torch.no_grad()
-def induction_scores(model, episodes, stoi, device):
-    """gpt only. Per layer: the attention (max over heads of the mean over episodes) from the query position to
-    the demonstrated value(s) that followed the query's key, and the same for uniform causal attention."""
+def induction_scores(model, episodes, stoi, specials, device):
+    """Per layer: the attention (max over heads of the mean over episodes) from the position that reads the answer
+    to the demonstrated value(s) that followed the query's key, and the same for uniform attention over what that
+    position sees. The reading position: gpt's and prefixlm's query, bert's [MASK] after it, t5's query in its
+    encoder (its decoder reads the encoder through cross-attention, not recorded here)."""
+    arch = model.config.arch
     scores, uniform = None, []
     for text, _ in episodes:
-        ids = torch.tensor([[stoi[c] for c in text]], device=device)
-        query = len(text) - 1
-        targets = [i + 1 for i in range(0, query, 3) if text[i] == text[query]]  # the value after each matching key
-        maps = model.attention_maps(ids)  # per layer (1, heads, T, T)
-        per_layer = torch.stack([m[0, :, query, targets].sum(dim=-1) for m in maps])  # (layers, heads)
+        ids = [stoi[c] for c in START + text]
+        query = len(ids) - 1
+        targets = [len(START) + i + 1 for i in range(0, len(text) - 1, 3) if text[i] == text[-1]]
+        reader, seen = query, query + 1  # gpt: the query sees itself and what precedes it
+        if arch == "bert":
+            ids, reader, seen = ids + [specials.mask], query + 1, query + 2
+        elif arch in ("prefixlm", "t5"):
+            seen = query + 1  # the prefix / encoder: every position sees the whole episode
+        prefix = torch.tensor([len(ids)], device=device) if arch == "prefixlm" else None
+        maps = model.attention_maps(torch.tensor([ids], device=device), prefix)  # per layer (1, heads, T, T)
+        per_layer = torch.stack([m[0, :, reader, targets].sum(dim=-1) for m in maps])  # (layers, heads)
         scores = per_layer if scores is None else scores + per_layer
-        uniform.append(len(targets) / (query + 1))
+        uniform.append(len(targets) / seen)
     return (scores / len(episodes)).max(dim=1).values.tolist(), sum(uniform) / len(uniform)
 
 
-# ----------------------------------------------------------------------------- the experiment
+def last_value_rule(text):
+    """A trivial rule that reads the demonstrations without matching keys: answer the last value shown."""
+    return text[-3] if len(text) > 1 else VALUES[0]
+
+
+def effect_control(result, rules):
+    """The in-context effect on one seed's result (k as strings, as JSON gives them back): the mean accuracy over
+    the k >= 1 points against the larger of the k = 0 and shuffled controls, the fewest distinct answers at a
+    k >= 1 point, and the same mean for the rule that copies the last value shown (rules: rule_accuracies on the
+    same episodes). Passed: a margin of at least EFFECT_MARGIN, at least EFFECT_DISTINCT distinct answers, and
+    RULE_MARGIN above the rule (which uses the demonstrations without matching keys, and clears the first margin
+    alone)."""
+    shown = [str(k) for k in K_VALUES if k >= 1]
+    mean = sum(result["accuracy"][k] for k in shown) / len(shown)
+    rule = sum(rules["last_value"][k] for k in shown) / len(shown)
+    floor = max(result["accuracy"]["0"], result["shuffled_k8"])
+    distinct = min(result["spread"][k]["distinct"] for k in shown)
+    return dict(mean_k1=mean, floor=floor, margin=mean - floor, distinct=distinct, rule_mean_k1=rule,
+                passed=mean - floor >= EFFECT_MARGIN and distinct >= EFFECT_DISTINCT and mean - rule >= RULE_MARGIN)
+
+
+def evaluation_episodes(eval_rng_seed, seen, s):
+    """The episodes every model and seed is asked (the same for all): unseen mappings at each k, shuffled
+    demonstrations (k = 8), training mappings (k = 8), and 64 unseen ones (k = 8) for the induction score."""
+    def draw(offset, k, mapping=None, shuffled=False, n=s["eval_episodes"]):
+        rng = np.random.default_rng(eval_rng_seed + offset)
+        familiar = sorted(seen)
+        return [make_episode(familiar[int(rng.integers(len(familiar)))] if mapping == "seen" else
+                             unseen_mapping(rng, seen), k, rng, shuffled) for _ in range(n)]
+    episodes = {str(k): draw(k, k) for k in K_VALUES}
+    episodes.update(shuffled=draw(100, 8, shuffled=True), seen=draw(200, 8, "seen"),
+                    induction=draw(300, 8, n=min(64, s["eval_episodes"])))
+    return episodes
+
+
+def rule_accuracies(episodes):
+    """What the trivial rules score on the same episodes: the last value shown, at each k and shuffled."""
+    score = lambda items: sum(last_value_rule(t) == a for t, a in items) / len(items)  # noqa: E731
+    return {"last_value": dict({str(k): score(episodes[str(k)]) for k in K_VALUES},
+                               shuffled_k8=score(episodes["shuffled"]))}
+
 
 def evaluate(model, name, eval_rng_seed, seen, s, stoi, specials, device):
-    """Accuracy against k on unseen mappings, with shuffled demonstrations, and on seen mappings (k = 8). For a
-    positive control run (name "<arch>, control"; `seen` is then its one mapping): accuracy on that mapping with
-    no demonstrations."""
+    """Accuracy against k on unseen mappings, with shuffled demonstrations, and on seen mappings (k = 8), the
+    effect control and the induction score per layer. For a positive control run (name "<arch>, control"; `seen`
+    is then its one mapping): accuracy on that mapping with no demonstrations."""
     if name.endswith(", control"):  # trained on one fixed mapping: asked it with no demonstrations
         rng = np.random.default_rng(eval_rng_seed + 400)
         fixed = [make_episode(seen, 0, rng) for _ in range(s["eval_episodes"])]  # (seen: the mapping, here)
         result = {"spread": {}}
         result["fixed_k0"] = accuracy(model, fixed, stoi, specials, device, result["spread"])
         return result
+    episodes = evaluation_episodes(eval_rng_seed, seen, s)
     result = {"accuracy": {}, "spread": {}}
-    for k in K_VALUES:
-        rng = np.random.default_rng(eval_rng_seed + k)  # the same episodes for every model and seed
-        episodes = [make_episode(unseen_mapping(rng, seen), k, rng) for _ in range(s["eval_episodes"])]
+    for k in map(str, K_VALUES):
         result["spread"][k] = {}
-        result["accuracy"][k] = accuracy(model, episodes, stoi, specials, device, result["spread"][k])
-    rng = np.random.default_rng(eval_rng_seed + 100)
-    shuffled = [make_episode(unseen_mapping(rng, seen), 8, rng, shuffled=True) for _ in range(s["eval_episodes"])]
-    result["shuffled_k8"] = accuracy(model, shuffled, stoi, specials, device)
-    rng = np.random.default_rng(eval_rng_seed + 200)
-    seen_list = sorted(seen)
-    familiar = [make_episode(seen_list[int(rng.integers(len(seen_list)))], 8, rng) for _ in range(s["eval_episodes"])]
-    result["seen_mappings_k8"] = accuracy(model, familiar, stoi, specials, device)
-    if name == "gpt":
-        rng = np.random.default_rng(eval_rng_seed + 300)
-        episodes = [make_episode(unseen_mapping(rng, seen), 8, rng) for _ in range(min(64, s["eval_episodes"]))]
-        result["induction"], result["induction_uniform"] = induction_scores(model, episodes, stoi, device)
+        result["accuracy"][k] = accuracy(model, episodes[k], stoi, specials, device, result["spread"][k])
+    result["shuffled_k8"] = accuracy(model, episodes["shuffled"], stoi, specials, device)
+    result["seen_mappings_k8"] = accuracy(model, episodes["seen"], stoi, specials, device)
+    result["effect"] = effect_control(result, rule_accuracies(episodes))
+    result["induction"], result["induction_uniform"] = induction_scores(model, episodes["induction"], stoi,
+                                                                        specials, device)
     return result
 
 
@@ -224,37 +284,120 @@ def mean_std(values):
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / max(1, len(values) - 1))
 
 
-def summarise(runs, s, budget, seconds, scale, machine):
-    """The markdown table: accuracy (%) mean +- std over seeds against k, and the controls."""
-    names = list(runs[0]["models"])
-    fmt = lambda values: "{:.1f} +- {:.1f}".format(*[100 * x for x in mean_std(values)])  # noqa: E731
-    lines = [QUICK_NOTE, ""] if scale == "quick" else []
+def training_minutes(data):
+    """The training time of every run the result holds (the sweep's gpt runs, and the rest), in minutes."""
+    runs = [m for step in data["sweep"] for r in step["runs"] for m in r["models"].values()]
+    if not data.get("sweep_only"):
+        runs += [m for r in data["runs"] for name, m in list(r["models"].items()) + list(r["controls"].items())
+                 if name != "gpt"]  # gpt's are the sweep's last
+    return sum(m["train_seconds"] for m in runs) / 60
+
+
+def cell(values, scale=100, digits=1):
+    """mean +- std over seeds, as a table cell (percent unless scale says otherwise)."""
+    return " +- ".join(f"{scale * x:.{digits}f}" for x in mean_std(values))
+
+
+def sweep_detail(data):
+    """A --sweep_only run's detail: gpt's accuracy against k at each budget, per seed, and its induction score."""
+    lines = ["", "gpt's accuracy (%) against k at each budget, per seed (the effect control's verdict beside):", "",
+             "| budget | seed | " + " | ".join(f"k={k}" for k in K_VALUES) + " | shuffled | distinct (k >= 1) | "
+             "induction per layer | passed |", "|" + "---|" * (len(K_VALUES) + 6)]
+    for step in data["sweep"]:
+        for run in step["runs"]:
+            gpt = run["models"]["gpt"]
+            lines.append(f"| {step['multiple']:g} x | {run['seed']} | "
+                         + " | ".join(f"{100 * gpt['accuracy'][str(k)]:.1f}" for k in K_VALUES)
+                         + f" | {100 * gpt['shuffled_k8']:.1f} | {gpt['effect']['distinct']} | "
+                         + ", ".join(f"{x:.3f}" for x in gpt["induction"])
+                         + f" (uniform {gpt['induction_uniform']:.3f}) | {'yes' if gpt['effect']['passed'] else 'no'} |")
+    rule = data["rules"]["last_value"]
+    lines.append("| rule: the last value shown | | " + " | ".join(f"{100 * rule[str(k)]:.1f}" for k in K_VALUES)
+                 + f" | {100 * rule['shuffled_k8']:.1f} | | | |")
+    lines += ["", "The other architectures are measured at the budget the sweep found by the command without "
+                  "--sweep_only (with --reuse=True it keeps these gpt runs)."]
+    return lines
+
+
+def verdict(data):
+    """One line: the budget at which gpt passed its effect control, or the largest budget tried."""
+    at = data["measured_multiple"]
+    if data.get("sweep_only"):
+        passed = data["chosen_multiple"]
+        return (f"**gpt passes its effect control at {passed:g} x** ({format_flops(data['budget_flops'])} per model) "
+                f"on every seed." if passed is not None else
+                f"**gpt never passed its effect control: in-context learning not reproduced up to {at:g} x** "
+                f"({format_flops(data['budget_flops'])} per model).")
+    if data["chosen_multiple"] is None:
+        return (f"**gpt never passed its effect control: in-context learning not reproduced up to {at:g} x** "
+                f"({format_flops(data['budget_flops'])} per model); every arch below is measured there.")
+    return (f"**gpt passes its effect control at {at:g} x** ({format_flops(data['budget_flops'])} per model) on every "
+            f"seed; every arch below is measured at that budget.")
+
+
+def summarise(data, machine):
+    """The markdown: the sweep, the verdict, every arch at the budget found, its controls and attention readout
+    (a --sweep_only run: the sweep, and gpt at each budget)."""
+    s, scale, runs = data["sizes"], data["scale"], data["runs"]
+    names, shown = list(runs[0]["models"]), [str(k) for k in K_VALUES]
+    rule_mean = runs[0]["models"]["gpt"]["effect"]["rule_mean_k1"]  # the same episodes for every model and seed
     half = s["n_layer"] // 2 or 1  # t5's encoder and decoder layers
-    lines += [f"In-context learning, scale `{scale}` ({s['n_layer']} layers x {s['n_embd']} dims; t5 {half}"
-             f" + {half}), {format_flops(budget)} per model (= {s['gpt_iters']} gpt iterations), "
-             f"{len(runs)} seeds, {s['eval_episodes']} episodes per cell on mappings never seen in training. "
-             f"Accuracy (%) at the answer slot, mean +- std over seeds. Chance, and the best rule that ignores the "
-             f"demonstrations: 12.5. Whole run {seconds / 60:.1f} min on {machine}.", "",
-             "| model | " + " | ".join(f"k={k}" for k in K_VALUES) + " | k=8, shuffled | k=8, seen mappings |",
-             "|" + "---|" * (len(K_VALUES) + 3)]
+    lines = [QUICK_NOTE, ""] if scale == "quick" else []
+    lines += [f"In-context learning, scale `{scale}` ({s['n_layer']} layers x {s['n_embd']} dims; t5 {half} + {half}), "
+              f"rotary positions, rate {SETTINGS['learning_rate']:g} for every arch (chosen on gpt pilots, not tuned "
+              f"per arch), {len(runs)} seeds, {s['eval_episodes']} episodes per cell on mappings never seen in "
+              f"training. Accuracy (%) at the answer slot, mean +- std over seeds. Training "
+              f"{training_minutes(data):.1f} min summed over its runs (each measured when it trained), the whole "
+              f"command {data['seconds'] / 60:.1f} min (runs finished earlier reused), on {machine}.", "",
+              f"The sweep (gpt, the expected winner; 1 x = {s['gpt_iters']} gpt iterations). Effect control: on every "
+              f"seed, the mean accuracy over k >= 1 at least {100 * EFFECT_MARGIN:.0f} points above both k = 0 and "
+              f"shuffled demonstrations, with at least {EFFECT_DISTINCT} distinct answers at every k >= 1, and "
+              f"{100 * RULE_MARGIN:.0f} points above the rule that copies the last value shown ({100 * rule_mean:.1f}% "
+              f"on the same episodes).", "",
+              "| budget | FLOPs per model | mean over k >= 1 | k=0 | k=8, shuffled | fewest distinct | passed |",
+              "|---|---|---|---|---|---|---|"]
+    for step in data["sweep"]:
+        gpt = [r["models"]["gpt"] for r in step["runs"]]
+        lines.append(f"| {step['multiple']:g} x | {format_flops(step['flops'])} | "
+                     f"{cell([g['effect']['mean_k1'] for g in gpt])} | {cell([g['accuracy']['0'] for g in gpt])} | "
+                     f"{cell([g['shuffled_k8'] for g in gpt])} | "
+                     f"{', '.join(str(g['effect']['distinct']) for g in gpt)} | "
+                     f"{sum(g['effect']['passed'] for g in gpt)}/{len(gpt)} |")
+    if data.get("sweep_only"):
+        return "\n".join(lines + ["", verdict(data)] + sweep_detail(data))
+    lines += ["", verdict(data), "",
+              "| model | " + " | ".join(f"k={k}" for k in K_VALUES) + " | k=8, shuffled | k=8, seen mappings |",
+              "|" + "---|" * (len(K_VALUES) + 3)]
     for name in names:
-        cells = [fmt([r["models"][name]["accuracy"][k] for r in runs]) for k in K_VALUES]
-        cells += [fmt([r["models"][name]["shuffled_k8"] for r in runs]),
-                  fmt([r["models"][name]["seen_mappings_k8"] for r in runs])]
+        cells = [cell([r["models"][name]["accuracy"][k] for r in runs]) for k in shown]
+        cells += [cell([r["models"][name]["shuffled_k8"] for r in runs]),
+                  cell([r["models"][name]["seen_mappings_k8"] for r in runs])]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines.append("| chance / demonstration-blind rule | " + " | ".join(["12.5"] * (len(K_VALUES) + 2)) + " |")
+    rule = data["rules"]["last_value"]
+    lines.append("| rule: the last value shown | " + " | ".join(f"{100 * rule[k]:.1f}" for k in shown)
+                 + f" | {100 * rule['shuffled_k8']:.1f} | |")
+    lines.append("| chance / any rule blind to the demonstrations | " + " | ".join(["12.5"] * (len(K_VALUES) + 2))
+                 + " |")
+    lines += ["", "The effect control of every arch at this budget (the same test gpt's sweep used): mean accuracy "
+                  "over k >= 1 minus the larger of k = 0 and shuffled, per seed, and the fewest distinct answers.", "",
+              "| model | margin per seed (points) | fewest distinct per seed | passed |", "|---|---|---|---|"]
+    for name in names:
+        effects = [r["models"][name]["effect"] for r in runs]
+        margins = ", ".join(f"{100 * e['margin']:.1f}" for e in effects)
+        lines.append(f"| {name} | {margins} | "
+                     f"{', '.join(str(e['distinct']) for e in effects)} | "
+                     f"{sum(e['passed'] for e in effects)}/{len(effects)} |")
     lines += ["", "How varied the answers are (unseen mappings): how many of the 8 values a model ever answers, and "
-                  "the share of its most common answer, mean over seeds. A model that answers one value whatever "
-                  "it is shown scores near 12.5 without measuring anything near chance.", "",
+                  "the share of its most common answer, mean over seeds.", "",
               "| model | " + " | ".join(f"k={k}: distinct, most common" for k in K_VALUES) + " |",
               "|" + "---|" * (len(K_VALUES) + 1)]
     for name in names:
         cells = [f"{mean_std([r['models'][name]['spread'][k]['distinct'] for r in runs])[0]:.1f}, "
                  f"{100 * mean_std([r['models'][name]['spread'][k]['most_common'] for r in runs])[0]:.0f}%"
-                 for k in K_VALUES]
+                 for k in shown]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", f"Positive control: each architecture trained on episodes of one fixed mapping ({CONTROL_BUDGET:g} x "
-                  f"the budget, the same format, objective and readout), then asked its keys with no "
+                  f"the base budget, the same format, objective and readout), then asked its keys with no "
                   f"demonstrations (k = 0): the mapping can only come from the weights. It shows that training and "
                   f"readout can find an answer at this slot at all. Passing: at least {100 * CONTROL_PASS:.0f}% "
                   f"({CONTROL_PASS * 8:g} x chance).", "",
@@ -264,36 +407,79 @@ def summarise(runs, s, budget, seconds, scale, machine):
         lines.append(f"| {name} | {', '.join(f'{100 * v:.1f}' for v in scores)} | "
                      f"{', '.join(str(r['controls'][name]['spread']['distinct']) for r in runs)} | "
                      f"{sum(v >= CONTROL_PASS for v in scores)}/{len(scores)} |")
-    induction = [r["models"]["gpt"]["induction"] for r in runs]
-    uniform = sum(r["models"]["gpt"]["induction_uniform"] for r in runs) / len(runs)
-    lines += ["", f"gpt's induction score per layer (attention from the query to the value after the matching "
-                  f"demonstrated key; max over heads, mean over episodes with k=8; uniform attention gives "
-                  f"{uniform:.3f}):", "", "| layer | score (mean +- std over seeds) |", "|---|---|"]
-    lines += [f"| {i} | {mean_std([seed[i] for seed in induction])[0]:.3f} +- "
-              f"{mean_std([seed[i] for seed in induction])[1]:.3f} |" for i in range(len(induction[0]))]
+    layers = len(runs[0]["models"]["gpt"]["induction"])
+    lines += ["", "Induction score per layer: the attention from the position that reads the answer (gpt, prefixlm: "
+                  "the query; bert: its [MASK]; t5: the query in its encoder) to the value that followed the "
+                  "query's key in a demonstration, max over heads, mean over up to 64 episodes with k = 8; mean +- std "
+                  "over seeds, beside what uniform attention over the positions it sees would give.", "",
+              "| model | " + " | ".join(f"layer {i}" for i in range(layers)) + " | uniform |",
+              "|" + "---|" * (layers + 2)]
+    for name in names:
+        scores = [r["models"][name]["induction"] for r in runs]
+        uniform = mean_std([r["models"][name]["induction_uniform"] for r in runs])[0]
+        lines.append(f"| {name} | " + " | ".join(cell([seed[i] for seed in scores], 1, 3)
+                                                 for i in range(len(scores[0]))) + f" | {uniform:.3f} |")
     return "\n".join(lines)
 
 
-def plot(runs, path):
+MARKERS = {"gpt": "o", "bert": "s", "prefixlm": "^", "t5": "D"}
+
+
+def plot(data, path):
+    """Left: each arch's mean accuracy over k >= 1 against training FLOPs (gpt's sweep, the others at the budget
+    found). Right: accuracy against k at that budget, the trivial rules beside. Lines that share values stay
+    visible: each arch its marker, offset a little along k."""
     plt = pyplot()
     if plt is None:
         return None
-    fig, ax = plt.subplots(figsize=(6, 4))
+    runs = data["runs"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    curves = [(f"gpt at {step['multiple']:g} x", step["runs"], "gpt") for step in data["sweep"]] \
+        if data.get("sweep_only") else [(name, runs, name) for name in runs[0]["models"]]
     for name in runs[0]["models"]:
-        stats = [mean_std([100 * r["models"][name]["accuracy"][str(k)] for r in runs]) for k in K_VALUES]
-        ax.errorbar(K_VALUES, [m for m, _ in stats], yerr=[d for _, d in stats], marker="o", capsize=3, label=name)
-    ax.axhline(12.5, color="gray", linestyle="--", label="chance (no rule without the demonstrations does better)")
-    ax.set_xlabel("demonstrations k")
-    ax.set_ylabel("answer accuracy on unseen mappings (%)")
-    ax.set_title("In-context learning at equal training FLOPs (claims C5, X3)")
-    ax.legend(fontsize=8)
+        points = [(step["flops"], [r["models"]["gpt"]["effect"]["mean_k1"] for r in step["runs"]])
+                  for step in data["sweep"]] if name == "gpt" else []
+        if name != "gpt" or not points or points[-1][0] != data["budget_flops"]:
+            points.append((data["budget_flops"], [r["models"][name]["effect"]["mean_k1"] for r in runs]))
+        stats = [mean_std([100 * v for v in values]) for _, values in points]
+        left.errorbar([f for f, _ in points], [m for m, _ in stats], yerr=[d for _, d in stats], capsize=3,
+                      marker=MARKERS.get(name, "o"), label=name, alpha=0.85)
+    left.set_xscale("log")
+    left.set_ylim(0, 100)
+    left.axhline(12.5, color="gray", linestyle="--", label="chance")
+    left.axhline(100 * runs[0]["models"]["gpt"]["effect"]["rule_mean_k1"], color="black", linestyle=":",
+                 label="rule: the last value shown")
+    left.set_xlabel("training FLOPs per model")
+    left.set_ylabel("mean accuracy over k >= 1 (%)")
+    left.set_title("Score against compute (gpt's sweep)")
+    left.legend(fontsize=8)
+    for number, (label, curve_runs, name) in enumerate(curves):
+        stats = [mean_std([100 * r["models"][name]["accuracy"][str(k)] for r in curve_runs]) for k in K_VALUES]
+        offset = [k * (1 + 0.04 * (number - 1.5)) if k else 0.08 * (number - 1.5) for k in K_VALUES]
+        right.errorbar(offset, [m for m, _ in stats], yerr=[d for _, d in stats], capsize=3, label=label, alpha=0.85,
+                       marker=MARKERS.get(name, "o") if not data.get("sweep_only") else "os^Dv"[number % 5])
+    rule = data["rules"]["last_value"]
+    right.plot(K_VALUES, [100 * rule[str(k)] for k in K_VALUES], color="black", linestyle=":",
+               label="rule: the last value shown")
+    right.axhline(12.5, color="gray", linestyle="--", label="chance (any rule blind to the demonstrations)")
+    right.set_xscale("symlog", linthresh=1)
+    right.set_xticks(K_VALUES, [str(k) for k in K_VALUES])
+    right.set_xlabel("demonstrations k")
+    right.set_ylabel("answer accuracy on unseen mappings (%)")
+    right.set_title("gpt at each budget of the sweep (claim C5)" if data.get("sweep_only") else
+                    f"Every arch at {data['measured_multiple']:g} x (claims C5, X3)")
+    right.legend(fontsize=7)
     fig.tight_layout()
     save(fig, path, dpi=120)
     return path
 
 
 def main():
-    config, scale, device = resolve_experiment(DEFAULTS, SCALES, "incontext")
+    config, scale, device = resolve_experiment(DEFAULTS, SCALES, "incontext", ())  # its files: checked below
+    if not isinstance(config["sweep_only"], bool):
+        raise UserError(f"--sweep_only={config['sweep_only']}: True (gpt's sweep alone) or False")
+    base = os.path.join(config["out_dir"], f"incontext-{scale}" + ("-sweep" if config["sweep_only"] else ""))
+    check_writable([base + extension for extension in (".md", ".json", ".png")])
     s = SCALES[scale]
     t0 = time.perf_counter()
     folder = os.path.join(config["out_dir"], "checkpoints", f"incontext-{scale}-data")
@@ -303,32 +489,58 @@ def main():
     make_dataset(control_folder, s["train_chars"], np.random.default_rng(config["seed"] + 2), fixed=fixed)
     _, meta = load_dataset(folder, s["block_size"], prepare_if_missing=False)
     specials, stoi = objectives.Specials.from_meta(meta), meta["stoi"]
-    controls = [(f"{name}, control", arch, objective, dict(settings, dataset=control_folder,
-                                                           budget_fraction=CONTROL_BUDGET))
-                for name, arch, objective, settings in MODELS]
-    runs, budget, interrupted = train_and_evaluate_seeds(
-        "incontext", MODELS + controls, s, folder, os.path.join(config["out_dir"], "checkpoints", f"incontext-{scale}"),
-        device, meta, config, lambda trained: {name: evaluate(result["model"].eval(), name, config["seed"],
-                                                              fixed if name.endswith(", control") else seen, s,
-                                                              stoi, specials, device)
-                                               for name, result in trained.items()})
-    if not runs:
-        raise KeyboardInterrupt  # before any seed finished: run_main says what is kept (status 130)
-    for run in runs:  # the controls apart from the compared models
-        run["controls"] = {name: run["models"].pop(f"{name}, control") for name, *_ in MODELS}
-    seconds = time.perf_counter() - t0
-    text = summarise(runs, s, budget, seconds, scale, machine_line(device, config))
-    if len(runs) < s["seeds"]:
-        text += f"\n\n**Interrupted: {len(runs)} of {s['seeds']} seeds finished.**"
+    work = os.path.join(config["out_dir"], "checkpoints", f"incontext-{scale}")
+
+    def train_at(multiple, models):  # every seed of `models` at `multiple` x the base budget, evaluated
+        sized = dict(s, gpt_iters=round(multiple * s["gpt_iters"]))
+        runs, budget, interrupted = train_and_evaluate_seeds(
+            "incontext", models, sized, folder, f"{work}-x{multiple:g}", device, meta, config,
+            lambda trained: json.loads(json.dumps({  # as the JSON file gives them back (k as strings)
+                name: dict(evaluate(result["model"].eval(), name, config["seed"],
+                                    fixed if name.endswith(", control") else seen, s, stoi, specials, device),
+                           train_seconds=result["seconds"])  # measured when it trained (a reused run: then)
+                for name, result in trained.items()})))
+        if interrupted or len(runs) < s["seeds"]:
+            raise KeyboardInterrupt  # nothing written: run_main says the finished runs are kept (status 130)
+        return runs, budget
+
+    sweep, chosen = [], None
+    for multiple in s["budgets"]:  # a winner first: gpt's budget is found, not fixed
+        print(f"[incontext] the sweep: gpt at {multiple:g} x the base budget", flush=True)
+        runs, budget = train_at(multiple, MODELS[:1])
+        sweep.append(dict(multiple=multiple, flops=budget, runs=runs))
+        effects = [run["models"]["gpt"]["effect"] for run in runs]
+        means = ", ".join(f"{100 * e['mean_k1']:.1f}" for e in effects)
+        print(f"[incontext] gpt at {multiple:g} x: mean accuracy over k >= 1 {means}% by seed; effect control "
+              f"passed on {sum(e['passed'] for e in effects)}/{len(effects)} seeds", flush=True)
+        if all(run["models"]["gpt"]["effect"]["passed"] for run in runs):
+            chosen = multiple
+            break
+    at = sweep[-1]["multiple"]
+    rules = rule_accuracies(evaluation_episodes(config["seed"], seen, s))
+    data = {"scale": scale, "sizes": s, "sweep": sweep, "chosen_multiple": chosen, "measured_multiple": at,
+            "budget_flops": sweep[-1]["flops"], "rules": rules, "training_mappings": len(seen),
+            "settings": SETTINGS, "effect_margin": EFFECT_MARGIN, "effect_distinct": EFFECT_DISTINCT,
+            "rule_margin": RULE_MARGIN}
+    if config["sweep_only"]:
+        data.update(sweep_only=True, runs=sweep[-1]["runs"])
+    else:
+        print(f"[incontext] every other arch at {at:g} x" + (", where gpt passed" if chosen else
+                                                              ", the largest budget tried"), flush=True)
+        controls = [(f"{name}, control", arch, objective, dict(settings, dataset=control_folder,
+                                                               budget_fraction=CONTROL_BUDGET / at))
+                    for name, arch, objective, settings in MODELS]
+        runs, budget = train_at(at, MODELS[1:] + controls)
+        for run, gpt in zip(runs, sweep[-1]["runs"]):
+            run["models"] = dict(gpt=gpt["models"]["gpt"], **run["models"])
+            run["controls"] = {name: run["models"].pop(f"{name}, control") for name, *_ in MODELS}
+        data.update(runs=runs, budget_flops=budget, control_mapping=fixed, control_budget=CONTROL_BUDGET)
+    data["seconds"] = time.perf_counter() - t0
+    text = summarise(data, machine_line(device, config))
     print("\n" + text)
-    base = os.path.join(config["out_dir"], f"incontext-{scale}")
-    write_atomically(base + ".md", text + "\n", base + ".json", json.dumps(
-        {"scale": scale, "sizes": s, "budget_flops": budget, "seconds": seconds, "runs": runs,
-         "training_mappings": len(seen), "control_mapping": fixed, "control_budget": CONTROL_BUDGET}, indent=1))
-    picture = plot(json.loads(json.dumps(runs)), base + ".png")  # as experiments/redraw.py reads them back
-    print(f"\nwrote {base}.md, .json{' and .png' if picture else ''} in {format_duration(seconds)}")
-    if interrupted:
-        raise KeyboardInterrupt  # the stop asked for ends the command (status 130) once the seeds finished are written
+    write_atomically(base + ".md", text + "\n", base + ".json", json.dumps(data, indent=1))
+    picture = plot(data, base + ".png")
+    print(f"\nwrote {base}.md, .json{' and .png' if picture else ''} in {format_duration(data['seconds'])}")
 
 
 if __name__ == "__main__":

@@ -34,14 +34,11 @@ def drawer(name):
         from experiments.study_report import plot
     elif kind == "finetune":
         from experiments.finetune_report import study_plot as plot
-    elif kind == "incontext":
-        from experiments.incontext import plot as draw_runs
-        return lambda data, path: draw_runs(data["runs"], path)
     elif kind == "epochs":
         return draw_epochs
     elif kind == "encoders":
         from experiments.encoders_report import plot
-    elif kind in ("plateau", "multiplier", "attention", "adaptation"):
+    elif kind in ("plateau", "multiplier", "attention", "adaptation", "incontext"):
         plot = __import__(f"experiments.{kind}", fromlist=["plot"]).plot
     else:
         raise UserError(f"{name}.png: no command of this project draws a plot of that name")

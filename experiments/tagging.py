@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from experiments.finetune import Backbone, hidden_states, study_backbones
 from experiments.study_report import plus_minus
 from experiments.tasks import read_texts
-from infra.configurator import QUICK_NOTE, UserError, output_folder, run_main
+from infra.configurator import QUICK_NOTE, check_input_folder, output_folder, run_main
 from experiments.equal_compute import machine_line, resolve_experiment, write_results
 from infra.progress import StopSignals, format_duration
 
@@ -245,12 +245,8 @@ def report(data, s, scale):
 
 def main():
     config, scale, device = resolve_experiment(DEFAULTS, SCALES, "tagging", (".md", ".json"))
-    if not config["study_dir"]:
-        raise UserError(f"--study_dir is empty: name the folder whose study checkpoints are read (the default is "
-                        f"{DEFAULTS['study_dir']})")
-    if os.path.exists(config["study_dir"]) and not os.path.isdir(config["study_dir"]):  # missing: pretrained there
-        raise UserError(f"--study_dir={config['study_dir']} is a file: pass the --out_dir of experiments/study.py "
-                        f"or finetune.py --study (default {DEFAULTS['study_dir']}), whose checkpoints are read")
+    check_input_folder(config, "--study_dir", DEFAULTS["study_dir"], "the --out_dir of experiments/study.py or "
+                       "finetune.py --study, whose checkpoints are read")  # missing: pretrained there
     s = SCALES[scale]
     t0 = time.perf_counter()
     texts = read_texts(config["dataset"])

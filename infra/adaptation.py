@@ -75,13 +75,18 @@ def adapted_model(config, meta):
                         f"({checkpoint['meta'].get('vocab_size')} tokens, here {meta['vocab_size']}): train on its "
                         f"dataset")
     differ = [f"{k} {getattr(s, k)} (here {getattr(t, k)})" for k in SHARED_SHAPE if getattr(s, k) != getattr(t, k)]
+    fixes = [f"--{k}={getattr(s, k)}" for k in SHARED_SHAPE  # d_ff is 4 x n_embd: it follows --n_embd
+             if getattr(s, k) != getattr(t, k) and k != "d_ff"]
+    layers = lambda n: f"{n} layer{'s' if n != 1 else ''}"  # noqa: E731
     if t.arch == "t5" and max(t.n_layer, t.n_decoder_layer) > s.n_layer:
-        differ.append(f"{s.n_layer} layers (here a stack of {max(t.n_layer, t.n_decoder_layer)}: each t5 stack starts "
-                      f"as gpt's lowest blocks)")
+        differ.append(f"{layers(s.n_layer)} (here a stack of {max(t.n_layer, t.n_decoder_layer)}: each t5 stack "
+                      f"starts as gpt's lowest blocks)")
+        fixes.append(f"--n_layer and --n_decoder_layer of at most {s.n_layer}")
     elif t.arch != "t5" and t.n_layer != s.n_layer:
-        differ.append(f"{s.n_layer} layers (here {t.n_layer})")
-    if differ:
+        differ.append(f"{layers(s.n_layer)} (here {t.n_layer})")
+        fixes.append(f"--n_layer={s.n_layer}")
+    if differ:  # only what makes this run fit the gpt: continuing the gpt's own run would not adapt it
         raise UserError(f"--init_from={config['init_from']}: its gpt has {', '.join(differ)}; give this run the gpt's "
-                        f"shape (or continue that run: --out_dir={config['init_from']} --init_from=resume)")
+                        f"shape: {' '.join(fixes)}")
     copy_weights(source, target)
     return target

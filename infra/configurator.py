@@ -291,6 +291,17 @@ def output_folder(config, defaults):
     return config["out_dir"]
 
 
+def check_input_folder(config, option, default, what):
+    """A folder a command reads (not the one it writes), checked before any work: empty, or a file, is one line
+    now. what: whose folder it is, e.g. "the --out_dir of experiments/study.py". A missing folder is the caller's
+    to judge (some make it: a study that is not there yet trains there)."""
+    value = str(config[option.lstrip("-")])
+    if not value.strip():
+        raise UserError(f"{option} is empty: name {what} (the default is {default})")
+    if os.path.exists(value) and not os.path.isdir(value):
+        raise UserError(f"{option}={value} is a file: pass {what} (default {default})")
+
+
 def check_compiler(device, option="--compile=True"):
     """torch.compile on a CPU writes C++ and builds it: without a C++ compiler it fails minutes later, deep inside
     inductor. Say so at once instead."""

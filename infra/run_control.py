@@ -160,7 +160,14 @@ class RunControl:
         return self.stopped or iter_num >= self.config["max_iters"] or \
             bool(self.config["max_flops"] and self.flops_done >= self.config["max_flops"])
 
-    def last_good_checkpoint(self):
+    def last_good_checkpoint(self, iter_num=None):
+        """What the message of a run that diverged at iter_num says to do. At iteration 0 of a new run no step
+        was taken: the starting weights are the cause, not the learning rate."""
+        if iter_num == 0 and self.fresh:
+            if self.config["init_from"] == "scratch":
+                return (f"none: no training step was taken, so the initialisation gives it (--init_std="
+                        f"{self.config['init_std']:g}; GPT-2's is 0.02)")
+            return f"none: no training step was taken, so the weights of --init_from={self.config['init_from']} give it"
         path = os.path.join(self.out_dir, "ckpt.pt")
         if os.path.exists(path):
             return f"{path} (lower --learning_rate and resume from it)"
@@ -175,7 +182,7 @@ class RunControl:
         first_bad = self.processes.minimum(float(bad[0]) if bad else math.inf)  # one diverged: all stop
         if math.isfinite(first_bad):
             raise TrainingDiverged(f"the loss became non-finite at iteration {int(first_bad)}; stopped without "
-                                   f"saving. Last good checkpoint: {self.last_good_checkpoint()}")
+                                   f"saving. Last good checkpoint: {self.last_good_checkpoint(int(first_bad))}")
         if self.run_log:
             for (it, _), value in zip(pending, values):
                 self.run_log.write({"iter": it, "loss": value})
@@ -210,7 +217,7 @@ class RunControl:
                 save, stopping, self.cut_short = not self.config["eval_only"], True, True
             elif not all(math.isfinite(v) for v in losses.values()):
                 diverged = (f"the validation loss is {losses['val']} at iteration {iter_num}; stopped without "
-                            f"saving. Last good checkpoint: {self.last_good_checkpoint()}")
+                            f"saving. Last good checkpoint: {self.last_good_checkpoint(iter_num)}")
             else:
                 self.run_log.write({"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"]})
                 self.last_losses = losses

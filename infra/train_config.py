@@ -47,6 +47,7 @@ def check_training_config(config):
         raise UserError(f"--out_dir={config['out_dir']}: the only placeholders are {{arch}} and {{objective}}") from None
     if not config["out_dir"]:
         raise UserError("--out_dir is empty: name a folder (default out-{arch})")
+    check_init_from_folder(config)
     for key in ("batch_size", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
         if config[key] < 1:
             raise UserError(f"--{key} must be at least 1, got {config[key]}")
@@ -78,10 +79,31 @@ def check_training_config(config):
     check_seed(config["seed"])
     if config["dtype"] not in ("auto", "float32", "bfloat16", "float16"):
         raise UserError(f"unknown --dtype={config['dtype']}: auto, float32, bfloat16 or float16")
+    if config["init_std"] > INIT_STD_MAX:
+        raise UserError(f"--init_std={config['init_std']} is above {INIT_STD_MAX:g}, {INIT_STD_MAX / 0.02:g} x GPT-2's "
+                        f"0.02: at 1.0 a 6 x 384 gpt already starts at 51 nats a token, ten times a uniform guess's 5.1, "
+                        f"and at 1e30 at nan; use a value near 0.02 (experiments/plateau.py tries 0.01 and 0.04)")
     try:
         model_config(config, vocab_size=1).validate()
     except ValueError as e:
         raise UserError(str(e)) from None
+
+
+INIT_STD_MAX = 1.0  # the widest starting weights train.py accepts (the reason: check_training_config's message)
+
+
+def check_init_from_folder(config):
+    """--init_from naming a run's folder: never the folder this run writes (it would overwrite the run it starts
+    from, whatever --overwrite says), never the run's ckpt.pt file itself (its folder is what is named)."""
+    source = config["init_from"]
+    if source in ("scratch", "resume"):
+        return
+    if os.path.basename(source) == "ckpt.pt" and os.path.isfile(source):
+        raise UserError(f"--init_from={source} is a run's checkpoint file: name its folder, "
+                        f"--init_from={os.path.dirname(source) or '.'}")
+    if os.path.exists(source) and os.path.realpath(source) == os.path.realpath(config["out_dir"]):
+        raise UserError(f"--init_from and --out_dir are one folder ({source}): this run would overwrite the run it "
+                        f"starts from; give it its own --out_dir (--init_from=resume continues that run instead)")
 
 
 def check_objective_fits_dataset(config, specials, meta):

@@ -399,15 +399,14 @@ def test_a_published_name_or_folder_is_checked_before_the_dataset(char_dataset, 
     needed to say any of it."""
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     for name, needle in (("gpt3", "could not load 'gpt3'"), (str(tmp_path / "nowhere"), "is not a folder"),
-                         (trained, f"give this run the gpt's shape (or continue that run: --out_dir={trained} "
-                                   f"--init_from=resume)")):
+                         (trained, "give this run the gpt's shape: --n_head=2 --n_embd=32 --block_size=128 --n_layer=2")):
         result = run_script("train.py", f"--dataset={char_dataset}", f"--init_from={name}", "--device=cpu",
                             f"--out_dir={tmp_path / 'o'}", env=env)
         assert "char" not in one_line(result, needle)
     empty = tmp_path / "empty"
     empty.mkdir()
     one_line(run_script("train.py", f"--dataset={char_dataset}", f"--init_from={empty}", "--device=cpu",
-                        f"--out_dir={tmp_path / 'o'}", env=env), "holds no config.json")
+                        f"--out_dir={tmp_path / 'o'}", env=env), "holds neither a ckpt.pt", "nor a config.json")
 
 
 def test_a_checkpoint_without_a_setting_of_a_later_version_resumes_at_that_settings_old_value(char_dataset,
@@ -483,3 +482,62 @@ def test_the_chapter_demos_take_no_arguments_and_end_in_one_line(script):
             result = run(stdout=full)
         assert result.returncode == 1 and result.stderr.count("\n") == 1
         assert f"{script}: error: cannot write to standard output" in result.stderr
+
+
+# ----------------------------------------------------------------------------- 8. a run adapted into its own folder
+
+def test_a_run_is_never_started_into_the_folder_it_starts_from(trained, char_dataset, tmp_path):
+    """--init_from=RUN --out_dir=RUN would overwrite the gpt it adapts: refused whatever --overwrite says, RUN
+    untouched; the run's ckpt.pt file named instead of its folder is pointed at the folder."""
+    before = {name: os.path.getmtime(os.path.join(trained, name)) for name in os.listdir(trained)}
+    for overwrite in ("False", "True"):
+        one_line(run_script("train.py", f"--dataset={char_dataset}", "--arch=bert", "--objective=diffusion",
+                            f"--init_from={trained}", f"--out_dir={trained}/.", f"--overwrite={overwrite}",
+                            "--device=cpu", "--max_iters=2"),
+                 "--init_from and --out_dir are one folder", "its own --out_dir")
+    assert {name: os.path.getmtime(os.path.join(trained, name)) for name in os.listdir(trained)} == before
+    one_line(run_script("train.py", f"--dataset={char_dataset}", f"--init_from={trained}/ckpt.pt", "--device=cpu",
+                        f"--out_dir={tmp_path / 'o'}"), "is a run's checkpoint file", f"--init_from={trained}")
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_initialisation_is_blamed_for_a_loss_that_is_not_finite_before_any_step(char_dataset, tmp_path,
+                                                                                   monkeypatch):
+    """--init_std has an upper bound that says why; where the starting loss is not finite (the bound lifted here),
+    the message blames the initialisation, not the learning rate (no step was taken)."""
+    one_line(run_script("train.py", f"--dataset={char_dataset}", "--init_std=1e30", "--device=cpu",
+                        f"--out_dir={tmp_path / 'o'}"), "--init_std=1e+30 is above 1", "near 0.02")
+    import infra.train_config
+    monkeypatch.setattr(infra.train_config, "INIT_STD_MAX", 1e31)
+    with pytest.raises(train.TrainingDiverged) as failure:
+        train.train(train.resolve_config(tiny_args(char_dataset, str(tmp_path / "o"), init_std=1e30)))
+    assert "at iteration 0" in str(failure.value) and "the initialisation gives it (--init_std=1e+30" in \
+        str(failure.value) and "learning_rate" not in str(failure.value)
+    assert not (tmp_path / "o" / "ckpt.pt").exists()
+
+
+def test_a_shape_refusal_offers_only_fixes_that_work(char_dataset, tmp_path):
+    """A gpt of 1 layer cannot become a t5 of 2-layer stacks nor a 2-layer bert: the message gives the flags that
+    fit it (singular: 1 layer), never 'continue that run', which would not adapt anything."""
+    gpt = str(tmp_path / "gpt1")
+    train.train(train.resolve_config(tiny_args(char_dataset, gpt, n_layer=1, max_iters=2, eval_interval=2)))
+    shape = ["--n_head=2", "--n_embd=32", "--block_size=32"]
+    line = one_line(run_script("train.py", f"--dataset={char_dataset}", "--arch=t5", "--objective=span_corruption",
+                               f"--init_from={gpt}", "--n_layer=2", *shape, "--device=cpu",
+                               f"--out_dir={tmp_path / 't5'}"),
+                    "1 layer (here a stack of 2", "--n_layer and --n_decoder_layer of at most 1")
+    assert "continue" not in line and "1 layers" not in line
+    line = one_line(run_script("train.py", f"--dataset={char_dataset}", "--arch=bert", f"--init_from={gpt}",
+                               "--n_layer=2", "--n_embd=64", "--n_head=2", "--block_size=32", "--device=cpu",
+                               f"--out_dir={tmp_path / 'bert'}"), "give this run the gpt's shape: --n_embd=32 --n_layer=1")
+    assert "continue" not in line
+
+
+def test_every_folder_an_experiment_reads_is_checked_before_any_work(tmp_path):
+    """adaptation.py's --encoders_dir that is a file, or a folder that is not there, is refused before anything
+    is trained or written."""
+    for folder, needle in (("README.md", "--encoders_dir=README.md is a file"),
+                           (str(tmp_path / "nowhere"), "does not exist"), ("", "--encoders_dir is empty")):
+        one_line(run_script("experiments/adaptation.py", "--quick", f"--encoders_dir={folder}",
+                            f"--out_dir={tmp_path / 'o'}"), needle, "experiments/encoders.py")
+        assert not (tmp_path / "o").exists() or not os.listdir(tmp_path / "o")

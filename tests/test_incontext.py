@@ -1,8 +1,12 @@
 """In-context learning in miniature (claims C5, X3): the task needs its demonstrations, evaluation never sees a
-training mapping, and the experiment runs end to end."""
+training mapping, the effect control tells a reader of demonstrations from everything else, the committed verdict
+is what its runs say, and the experiment runs end to end."""
 import json
+import os
 
 import numpy as np
+import pytest
+import torch
 
 from experiments import incontext
 from conftest import run_script
@@ -49,25 +53,123 @@ def test_evaluation_never_uses_a_training_mapping(tmp_path, monkeypatch):
     assert len(text) // 2 >= 0.9 * 20_000  # the budget of training characters is there
 
 
+def test_the_same_dataset_made_again_is_left_as_it_is(tmp_path):
+    """An experiment makes its dataset at every start: the same text again leaves the files untouched (a run of
+    another command reading them is not disturbed); another text replaces them."""
+    folder = tmp_path / "data"
+    incontext.make_dataset(str(folder), 20_000, np.random.default_rng(0))
+    stamp = {name: os.stat(folder / name).st_mtime_ns for name in ("train.bin", "val.bin", "meta.pkl")}
+    os.utime(folder / "train.bin", ns=(1, 1))  # a write would set it anew
+    incontext.make_dataset(str(folder), 20_000, np.random.default_rng(0))
+    assert os.stat(folder / "train.bin").st_mtime_ns == 1 and os.stat(folder / "meta.pkl").st_mtime_ns == \
+        stamp["meta.pkl"]
+    incontext.make_dataset(str(folder), 20_000, np.random.default_rng(1))
+    assert os.stat(folder / "train.bin").st_mtime_ns != 1
+
+
 def test_quick_run_end_to_end(tmp_path):
     result = run_script("experiments/incontext.py", "--quick", f"--out_dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads((tmp_path / "incontext-quick.json").read_text())
     assert len(data["runs"]) == 2 and set(data["runs"][0]["models"]) == {"gpt", "bert", "prefixlm", "t5"}
+    budgets = list(incontext.SCALES["quick"]["budgets"])  # the sweep: gpt alone, until it passes or budgets end
+    assert [step["multiple"] for step in data["sweep"]] == budgets[:len(data["sweep"])]
+    assert data["measured_multiple"] == data["sweep"][-1]["multiple"]
+    assert data["chosen_multiple"] in (None, data["measured_multiple"])
+    assert data["sweep"][1]["flops"] == pytest.approx(2 * data["sweep"][0]["flops"], rel=0.01)
+    for step in data["sweep"]:
+        assert all(set(run["models"]) == {"gpt"} for run in step["runs"])
     for run in data["runs"]:
         for name, model in run["models"].items():
             assert set(model["accuracy"]) == {str(k) for k in incontext.K_VALUES}
             assert all(0.0 <= a <= 1.0 for a in model["accuracy"].values())
-    assert len(data["runs"][0]["models"]["gpt"]["induction"]) == 1  # one layer at the quick scale
-    for run in data["runs"]:  # the spread beside every accuracy, and the positive control of every arch
-        for name, model in run["models"].items():
+            assert len(model["induction"]) == 1  # one layer at the quick scale, every arch read the same way
+            assert set(model["effect"]) >= {"mean_k1", "margin", "distinct", "rule_mean_k1", "passed"}
             for k, spread in model["spread"].items():
                 assert 1 <= spread["distinct"] <= 8 and 1 / 8 <= spread["most_common"] <= 1
         assert set(run["controls"]) == set(run["models"])
         assert all(0.0 <= c["fixed_k0"] <= 1.0 for c in run["controls"].values())
     table = (tmp_path / "incontext-quick.md").read_text()
-    assert table.count("\n| ") >= 5 and "12.5" in table
-    assert "Positive control" in table and "distinct, most common" in table
+    assert table.count("\n| ") >= 5 and "12.5" in table and "the last value shown" in table
+    assert "Positive control" in table and "distinct, most common" in table and "The sweep" in table
+    assert ("not reproduced up to 2 x" in table) == (data["chosen_multiple"] is None)
+    # gpt's sweep alone, from the runs just trained (--reuse=True: nothing trains again)
+    result = run_script("experiments/incontext.py", "--quick", "--sweep_only=True", "--reuse=True",
+                        f"--out_dir={tmp_path}")
+    assert result.returncode == 0 and "trained gpt" not in result.stdout, result.stderr[-3000:]
+    sweep = json.loads((tmp_path / "incontext-quick-sweep.json").read_text())
+    assert sweep["sweep"] == data["sweep"] and sweep["sweep_only"] and "bert" not in sweep["runs"][0]["models"]
+    assert "gpt's accuracy (%) against k at each budget" in (tmp_path / "incontext-quick-sweep.md").read_text()
+
+
+STOI = {c: i for i, c in enumerate(sorted(set(incontext.KEYS + incontext.VALUES + " \n")))}
+FIXED = {key: value for key, value in zip(incontext.KEYS, "CAFHBEGD")}  # what a reader blind to the context says
+
+
+def planted_reader(rule):
+    """answer_logits for a 'model' that answers rule(episode text) (the text without the newline shown before it)."""
+    def logits(model, texts, stoi, specials, device):
+        out = torch.zeros(len(texts), len(stoi))
+        for row, text in enumerate(texts):
+            assert text.startswith(incontext.START)  # every episode shown as the training stream shows it
+            out[row, stoi[rule(text[len(incontext.START):])]] = 1.0
+        return out
+    return logits
+
+
+@pytest.mark.parametrize("reader, passes", [
+    (lambda text: [text[i + 1] for i in range(0, len(text) - 1, 3) if text[i] == text[-1]][-1]
+     if len(text) > 1 else "A", True),  # reads the demonstrations: finds the query's key, copies its value
+    (lambda text: FIXED[text[-1]], False),  # cannot attend back: the query key alone (chance, whatever k)
+    (incontext.last_value_rule, False),  # attends back without matching keys: clears the margin, not the rule
+    (lambda text: [text[i + 1] for i in range(0, len(text) - 1, 3) if text[i] == text[-1]][-1]
+     if len(text) > 40 and sum(map(ord, text)) % 3 == 0 else incontext.last_value_rule(text),
+     False),  # the rule, and a third of k = 16 read right: ~5 points over the rule, under its 10-point margin
+    (lambda text: "C", False),  # one letter whatever it is shown
+    (lambda text: min("E", [text[i + 1] for i in range(0, len(text) - 1, 3) if text[i] == text[-1]][-1])
+     if len(text) > 1 else "A", False),  # reads them, but answers only 5 letters (E for F, G, H): too few distinct
+])
+def test_the_effect_control_passes_only_a_reader_of_the_demonstrations(monkeypatch, reader, passes):
+    """The effect control computed from what a reader answers on the experiment's own episodes: an ideal lookup
+    passes; a reader that cannot attend back (the query key alone), one that copies the last value shown, a
+    constant answer, and one that answers only five letters fail. Each is planted in answer_logits, so evaluate, accuracy and the control run as in a
+    real evaluation."""
+    monkeypatch.setattr(incontext, "answer_logits", planted_reader(reader))
+    monkeypatch.setattr(incontext, "induction_scores", lambda *args: ([0.0], 0.0))
+    s = dict(eval_episodes=200)
+    result = json.loads(json.dumps(incontext.evaluate(None, "gpt", 1337, {"ABCDEFGH"}, s, STOI, None, "cpu")))
+    effect = result["effect"]
+    assert effect["passed"] is passes, effect
+    assert 0.45 < effect["rule_mean_k1"] < 0.50  # the last-value rule clears the 30-point margin on its own
+    if passes:
+        assert effect["mean_k1"] == 1.0 and effect["distinct"] == 8
+
+
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results", "study")
+
+
+@pytest.mark.parametrize("name", sorted(n for n in os.listdir(RESULTS) if n.startswith("incontext-cpu")
+                                        and n.endswith(".json")))
+def test_the_committed_verdict_is_what_its_runs_say(name):
+    """Every committed run (gpt's sweep alone, or the sweep and every arch): each effect control recomputed from its
+    accuracies; the budget it reports is the first of the sweep at which gpt passed on every seed (or, none
+    passing, the last), the sweep stopped there, and every arch was measured there."""
+    data = json.load(open(os.path.join(RESULTS, name)))
+    rules = data["rules"]
+    for runs in [step["runs"] for step in data["sweep"]] + [data["runs"]]:
+        for run in runs:
+            for model in run["models"].values():
+                assert model["effect"] == pytest.approx(incontext.effect_control(model, rules))
+    passing = [step["multiple"] for step in data["sweep"]
+               if all(run["models"]["gpt"]["effect"]["passed"] for run in step["runs"])]
+    assert data["chosen_multiple"] == (passing[0] if passing else None)
+    assert [step["multiple"] for step in data["sweep"]] == \
+        list(data["sizes"]["budgets"])[:len(data["sweep"])]  # the sweep stopped where gpt first passed
+    assert data["measured_multiple"] == data["sweep"][-1]["multiple"]
+    for run, gpt in zip(data["runs"], data["sweep"][-1]["runs"]):
+        assert run["models"]["gpt"] == gpt["models"]["gpt"]  # the compared gpt is the sweep's last one
+    assert len(data["runs"]) == data["sizes"]["seeds"] == 3
+    assert data.get("sweep_only") or set(data["runs"][0]["models"]) == {"gpt", "bert", "prefixlm", "t5"}
 
 
 def test_the_spread_tells_a_constant_answer_from_chance(monkeypatch):
