@@ -179,12 +179,17 @@ def study_rates(out_dir, scale):
 
 
 def retrieval_rates(encoders_dir, scale):
-    """The rate encoders.py kept for each reader's retrieval ({target: rate}), or its grid's middle rate."""
+    """The rate encoders.py kept for each reader's retrieval ({target: rate}), or, where encoders.py has not run
+    (no file), its grid's middle rate. A file that is there but cannot be read is one line, before any work."""
+    path = os.path.join(encoders_dir, f"encoders-{scale}.json")
     try:
-        with open(os.path.join(encoders_dir, f"encoders-{scale}.json")) as f:
+        with open(path) as f:
             kept = kept_rates(json.load(f)["cells"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except FileNotFoundError:
         kept = {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise UserError(f"{path} is damaged ({type(e).__name__}): run python experiments/encoders.py again, or "
+                        f"delete it (the grid's middle rate is used where encoders.py has not run)") from None
     middle = sorted(encoders.SCALES[scale]["rates"])[len(encoders.SCALES[scale]["rates"]) // 2]
     return {t: kept.get(("retrieval", f"{t} (mean)"), middle) for t in TARGETS if t != "gpt"}, bool(kept)
 
@@ -572,6 +577,7 @@ def main():
     if config["encoders_dir"] != DEFAULTS["encoders_dir"] and not os.path.isdir(config["encoders_dir"]):
         raise UserError(f"--encoders_dir={config['encoders_dir']} does not exist: pass the --out_dir of "
                         f"experiments/encoders.py (default {DEFAULTS['encoders_dir']})")
+    retrieval_rates(config["encoders_dir"], scale)  # its file read now: a damaged one is one line before any work
     if config["part"] not in ("all", "study", "reversal"):
         raise UserError(f"--part={config['part']}: all, study (the study's text alone) or reversal (the reversal "
                         f"task alone)")

@@ -534,10 +534,17 @@ def test_a_shape_refusal_offers_only_fixes_that_work(char_dataset, tmp_path):
 
 
 def test_every_folder_an_experiment_reads_is_checked_before_any_work(tmp_path):
-    """adaptation.py's --encoders_dir that is a file, or a folder that is not there, is refused before anything
-    is trained or written."""
+    """adaptation.py's --encoders_dir that is a file, or a folder that is not there, and a damaged encoders.py
+    result in it, are refused before anything is trained or written."""
     for folder, needle in (("README.md", "--encoders_dir=README.md is a file"),
                            (str(tmp_path / "nowhere"), "does not exist"), ("", "--encoders_dir is empty")):
         one_line(run_script("experiments/adaptation.py", "--quick", f"--encoders_dir={folder}",
                             f"--out_dir={tmp_path / 'o'}"), needle, "experiments/encoders.py")
+        assert not (tmp_path / "o").exists() or not os.listdir(tmp_path / "o")
+    (tmp_path / "enc").mkdir()  # encoders.py's file there, damaged: named, not read as "encoders.py has not run"
+    for text in ("not json", '{"cells": 3}'):
+        (tmp_path / "enc" / "encoders-quick.json").write_text(text)
+        one_line(run_script("experiments/adaptation.py", "--quick", f"--encoders_dir={tmp_path / 'enc'}",
+                            f"--out_dir={tmp_path / 'o'}"), "encoders-quick.json is damaged",
+                 "run python experiments/encoders.py again")
         assert not (tmp_path / "o").exists() or not os.listdir(tmp_path / "o")
