@@ -70,16 +70,13 @@ def special_token_ids(num_ordinary):
 def unchanged(dataset_dir, parts, meta):
     """Whether dataset_dir already holds exactly these token files (name, bytes) and this meta."""
     try:
-        with open(os.path.join(dataset_dir, "meta.pkl"), "rb") as f:
-            if pickle.load(f) != meta:
-                return False
-        for name, data in parts:
+        for name, data in list(parts) + [("meta.pkl", pickle.dumps(meta))]:
             if os.path.getsize(os.path.join(dataset_dir, name)) != len(data):
                 return False
             with open(os.path.join(dataset_dir, name), "rb") as f:
                 if f.read() != data:
                     return False
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ValueError):
+    except OSError:
         return False
     return True
 

@@ -577,10 +577,11 @@ def main():
     if config["encoders_dir"] != DEFAULTS["encoders_dir"] and not os.path.isdir(config["encoders_dir"]):
         raise UserError(f"--encoders_dir={config['encoders_dir']} does not exist: pass the --out_dir of "
                         f"experiments/encoders.py (default {DEFAULTS['encoders_dir']})")
-    retrieval_rates(config["encoders_dir"], scale)  # its file read now: a damaged one is one line before any work
     if config["part"] not in ("all", "study", "reversal"):
         raise UserError(f"--part={config['part']}: all, study (the study's text alone) or reversal (the reversal "
                         f"task alone)")
+    if config["part"] != "reversal":  # the study part reads encoders.py's rates: a damaged file is one line now
+        retrieval_rates(config["encoders_dir"], scale)
     seeds = max(reversal.SCALES[scale]["seeds"], study.SCALES[SCALES[scale]["study_scale"]]["seeds"])
     if config["seed"] + seeds - 1 >= 2 ** 32:  # every seed checked now, not when its run comes
         raise UserError(f"--seed={config['seed']}: its {seeds} seeds run up to {config['seed'] + seeds - 1}, past "

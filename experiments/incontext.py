@@ -288,9 +288,18 @@ def training_minutes(data):
     """The training time of every run the result holds (the sweep's gpt runs, and the rest), in minutes."""
     runs = [m for step in data["sweep"] for r in step["runs"] for m in r["models"].values()]
     if not data.get("sweep_only"):
-        runs += [m for r in data["runs"] for name, m in list(r["models"].items()) + list(r["controls"].items())
-                 if name != "gpt"]  # gpt's are the sweep's last
+        runs += [m for r in data["runs"] for name, m in r["models"].items() if name != "gpt"]  # gpt: the sweep's
+        runs += [m for r in data["runs"] for m in r["controls"].values()]  # every arch's control, gpt's too
     return sum(m["train_seconds"] for m in runs) / 60
+
+
+def reused_note(data):
+    """How many of the result's runs this command loaded instead of training (--reuse=True)."""
+    runs = [m for step in data["sweep"] for r in step["runs"] for m in r["models"].values()]
+    runs += [m for r in data["runs"] if not data.get("sweep_only")
+             for m in list(r["models"].values())[1:] + list(r["controls"].values())]
+    reused = sum(m.get("reused", False) for m in runs)
+    return f" ({reused} of its {len(runs)} runs finished earlier, reused)" if reused else ""
 
 
 def cell(values, scale=100, digits=1):
@@ -348,7 +357,7 @@ def summarise(data, machine):
               f"per arch), {len(runs)} seeds, {s['eval_episodes']} episodes per cell on mappings never seen in "
               f"training. Accuracy (%) at the answer slot, mean +- std over seeds. Training "
               f"{training_minutes(data):.1f} min summed over its runs (each measured when it trained), the whole "
-              f"command {data['seconds'] / 60:.1f} min (runs finished earlier reused), on {machine}.", "",
+              f"command {data['seconds'] / 60:.1f} min{reused_note(data)}, on {machine}.", "",
               f"The sweep (gpt, the expected winner; 1 x = {s['gpt_iters']} gpt iterations). Effect control: on every "
               f"seed, the mean accuracy over k >= 1 at least {100 * EFFECT_MARGIN:.0f} points above both k = 0 and "
               f"shuffled demonstrations, with at least {EFFECT_DISTINCT} distinct answers at every k >= 1, and "
@@ -401,7 +410,7 @@ def summarise(data, machine):
                   f"demonstrations (k = 0): the mapping can only come from the weights. It shows that training and "
                   f"readout can find an answer at this slot at all. Passing: at least {100 * CONTROL_PASS:.0f}% "
                   f"({CONTROL_PASS * 8:g} x chance).", "",
-              "| model | accuracy per seed (%) | distinct answers | past |", "|---|---|---|---|"]
+              "| model | accuracy per seed (%) | distinct answers | passed |", "|---|---|---|---|"]
     for name in names:
         scores = [r["controls"][name]["fixed_k0"] for r in runs]
         lines.append(f"| {name} | {', '.join(f'{100 * v:.1f}' for v in scores)} | "
@@ -417,8 +426,9 @@ def summarise(data, machine):
     for name in names:
         scores = [r["models"][name]["induction"] for r in runs]
         uniform = mean_std([r["models"][name]["induction_uniform"] for r in runs])[0]
-        lines.append(f"| {name} | " + " | ".join(cell([seed[i] for seed in scores], 1, 3)
-                                                 for i in range(len(scores[0]))) + f" | {uniform:.3f} |")
+        cells = [cell([seed[i] for seed in scores], 1, 3) for i in range(len(scores[0]))]
+        cells += ["-"] * (layers - len(cells))  # t5: its encoder's layers only, half of the others'
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {uniform:.3f} |")
     return "\n".join(lines)
 
 
@@ -498,7 +508,8 @@ def main():
             lambda trained: json.loads(json.dumps({  # as the JSON file gives them back (k as strings)
                 name: dict(evaluate(result["model"].eval(), name, config["seed"],
                                     fixed if name.endswith(", control") else seen, s, stoi, specials, device),
-                           train_seconds=result["seconds"])  # measured when it trained (a reused run: then)
+                           train_seconds=result["seconds"],  # measured when it trained (a reused run: then)
+                           reused=bool(result.get("reused")))
                 for name, result in trained.items()})))
         if interrupted or len(runs) < s["seeds"]:
             raise KeyboardInterrupt  # nothing written: run_main says the finished runs are kept (status 130)

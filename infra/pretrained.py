@@ -203,9 +203,10 @@ def local_folder(name_or_folder):
         if os.path.exists(os.path.join(name_or_folder, "ckpt.pt")):
             raise UserError(f"{name_or_folder} is a train.py out_dir, not published weights: pass "
                             f"--out_dir={name_or_folder} instead (with train.py's --init_from=resume to continue it)")
-        raise UserError(f"{name_or_folder} holds neither a ckpt.pt (a train.py run's folder, once its first "
-                        f"checkpoint is saved) nor a config.json (published weights, written by save_pretrained): "
-                        f"pass such a folder, or a hub name such as gpt2, bert-base-uncased, t5-small")
+        raise UserError(f"{name_or_folder} holds no config.json (published weights, written by save_pretrained) "
+                        f"and no ckpt.pt (a train.py run's folder, once its first checkpoint is saved; train.py "
+                        f"--init_from adapts a gpt from one): pass a save_pretrained folder or a hub name such as "
+                        f"gpt2, bert-base-uncased, t5-small")
     if name_or_folder.startswith((".", "/", "~")) or os.path.exists(name_or_folder):
         raise UserError(f"{name_or_folder} is not a folder: pass a folder written by save_pretrained, or a hub "
                         f"name such as gpt2, bert-base-uncased, t5-small")

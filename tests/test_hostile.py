@@ -406,7 +406,7 @@ def test_a_published_name_or_folder_is_checked_before_the_dataset(char_dataset, 
     empty = tmp_path / "empty"
     empty.mkdir()
     one_line(run_script("train.py", f"--dataset={char_dataset}", f"--init_from={empty}", "--device=cpu",
-                        f"--out_dir={tmp_path / 'o'}", env=env), "holds neither a ckpt.pt", "nor a config.json")
+                        f"--out_dir={tmp_path / 'o'}", env=env), "holds no config.json", "and no ckpt.pt (a train.py run's folder")
 
 
 def test_a_checkpoint_without_a_setting_of_a_later_version_resumes_at_that_settings_old_value(char_dataset,

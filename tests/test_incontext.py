@@ -98,7 +98,10 @@ def test_quick_run_end_to_end(tmp_path):
                         f"--out_dir={tmp_path}")
     assert result.returncode == 0 and "trained gpt" not in result.stdout, result.stderr[-3000:]
     sweep = json.loads((tmp_path / "incontext-quick-sweep.json").read_text())
+    reused = [run["models"]["gpt"].pop("reused") for step in sweep["sweep"] for run in step["runs"]]
+    assert all(reused) and not any(run["models"]["gpt"].pop("reused") for step in data["sweep"] for run in step["runs"])
     assert sweep["sweep"] == data["sweep"] and sweep["sweep_only"] and "bert" not in sweep["runs"][0]["models"]
+    assert "runs finished earlier, reused" in (tmp_path / "incontext-quick-sweep.md").read_text()
     assert "gpt's accuracy (%) against k at each budget" in (tmp_path / "incontext-quick-sweep.md").read_text()
 
 
@@ -163,6 +166,9 @@ def test_the_committed_verdict_is_what_its_runs_say(name):
     passing = [step["multiple"] for step in data["sweep"]
                if all(run["models"]["gpt"]["effect"]["passed"] for run in step["runs"])]
     assert data["chosen_multiple"] == (passing[0] if passing else None)
+    assert data["chosen_multiple"] in (None, data["measured_multiple"])  # it stopped at the first pass, or ran out
+    if data["chosen_multiple"] is None:
+        assert len(data["sweep"]) == len(data["sizes"]["budgets"])
     assert [step["multiple"] for step in data["sweep"]] == \
         list(data["sizes"]["budgets"])[:len(data["sweep"])]  # the sweep stopped where gpt first passed
     assert data["measured_multiple"] == data["sweep"][-1]["multiple"]
@@ -170,6 +176,29 @@ def test_the_committed_verdict_is_what_its_runs_say(name):
         assert run["models"]["gpt"] == gpt["models"]["gpt"]  # the compared gpt is the sweep's last one
     assert len(data["runs"]) == data["sizes"]["seeds"] == 3
     assert data.get("sweep_only") or set(data["runs"][0]["models"]) == {"gpt", "bert", "prefixlm", "t5"}
+
+
+def test_the_full_table_pads_t5s_layers_and_counts_every_run(monkeypatch):
+    """summarise on a full result at 2 layers (t5 reads 1 encoder layer): each induction row has as many cells as
+    the header, and the training minutes count every run once (the sweep's gpt and every arch's control)."""
+    model = lambda layers: dict(  # noqa: E731
+        accuracy={str(k): 0.5 for k in incontext.K_VALUES}, shuffled_k8=0.1, seen_mappings_k8=0.5,
+        spread={str(k): {"distinct": 8, "most_common": 0.2} for k in incontext.K_VALUES},
+        effect=dict(mean_k1=0.5, floor=0.1, margin=0.4, distinct=8, rule_mean_k1=0.47, passed=False),
+        induction=[0.1] * layers, induction_uniform=0.07, train_seconds=60.0)
+    runs = [{"seed": seed, "models": {"gpt": model(2), "bert": model(2), "prefixlm": model(2), "t5": model(1)},
+             "controls": {name: dict(fixed_k0=1.0, spread={"distinct": 8}, train_seconds=60.0)
+                          for name in ("gpt", "bert", "prefixlm", "t5")}} for seed in (1, 2, 3)]
+    data = dict(scale="cpu", sizes=dict(incontext.SCALES["cpu"]), runs=runs, seconds=60.0, chosen_multiple=None,
+                measured_multiple=1, budget_flops=1e12, rules={"last_value": dict(
+                    {str(k): 0.47 for k in incontext.K_VALUES}, shuffled_k8=0.12)},
+                sweep=[dict(multiple=1, flops=1e12, runs=[{"seed": r["seed"], "models": {"gpt": r["models"]["gpt"]}}
+                                                          for r in runs])])
+    text = incontext.summarise(data, "a machine")
+    table = text[text.index("| model | layer 0"):].splitlines()
+    assert table[0].count("|") == table[2].count("|") == table[-1].count("|")  # header, gpt, t5
+    assert table[-1].startswith("| t5 |") and " - |" in table[-1]
+    assert "Training 24.0 min summed" in text  # 3 gpt + 9 others + 12 controls, a minute each
 
 
 def test_the_spread_tells_a_constant_answer_from_chance(monkeypatch):
