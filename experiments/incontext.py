@@ -33,9 +33,9 @@ an induction head makes), beside what uniform attention would give.
 A winner first (the effect control). The budget is found, not fixed: gpt trains at 1 x, 2 x, 4 x ... the
 scale's base budget (3 seeds each) until, on every seed, its mean accuracy over the k >= 1 points is at least
 EFFECT_MARGIN above both k = 0 and the shuffled demonstrations, answering at least EFFECT_DISTINCT distinct
-values, and RULE_MARGIN above the rule that copies the last value shown. Then bert, prefixlm and t5 train at that budget (the same FLOPs, equal_compute.py) and are read with the
-same control. Where gpt never passes, every arch is measured at the largest budget tried and the result says
-"not reproduced up to N x".
+values, and RULE_MARGIN above the rule that copies the last value shown. Then bert, prefixlm and t5 train at
+that budget (the same FLOPs, equal_compute.py) and are read with the same control. Where gpt never passes,
+every arch is measured at the largest budget tried and the result says "not reproduced up to N x".
 
 Positive control (the readout works): each architecture also trains (a quarter of the base budget) on episodes
 that all show one fixed mapping, and is asked its keys with no demonstrations: that mapping can be learned only
@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 import objectives
-from infra.configurator import QUICK_NOTE, UserError, run_main
+from infra.configurator import QUICK_NOTE, run_main
 from data.prepare_common import write_dataset
 from infra.dataset import load_dataset
 from infra.progress import check_writable, format_duration, format_flops, write_atomically
@@ -201,11 +201,9 @@ def induction_scores(model, episodes, stoi, specials, device):
         ids = [stoi[c] for c in START + text]
         query = len(ids) - 1
         targets = [len(START) + i + 1 for i in range(0, len(text) - 1, 3) if text[i] == text[-1]]
-        reader, seen = query, query + 1  # gpt: the query sees itself and what precedes it
-        if arch == "bert":
+        reader, seen = query, query + 1  # the query is the episode's last position: it sees all of it
+        if arch == "bert":  # its [MASK] after the query reads, and sees the [MASK] too
             ids, reader, seen = ids + [specials.mask], query + 1, query + 2
-        elif arch in ("prefixlm", "t5"):
-            seen = query + 1  # the prefix / encoder: every position sees the whole episode
         prefix = torch.tensor([len(ids)], device=device) if arch == "prefixlm" else None
         maps = model.attention_maps(torch.tensor([ids], device=device), prefix)  # per layer (1, heads, T, T)
         per_layer = torch.stack([m[0, :, reader, targets].sum(dim=-1) for m in maps])  # (layers, heads)
@@ -238,9 +236,10 @@ def effect_control(result, rules):
 def evaluation_episodes(eval_rng_seed, seen, s):
     """The episodes every model and seed is asked (the same for all): unseen mappings at each k, shuffled
     demonstrations (k = 8), training mappings (k = 8), and 64 unseen ones (k = 8) for the induction score."""
+    familiar = sorted(seen)
+
     def draw(offset, k, mapping=None, shuffled=False, n=s["eval_episodes"]):
         rng = np.random.default_rng(eval_rng_seed + offset)
-        familiar = sorted(seen)
         return [make_episode(familiar[int(rng.integers(len(familiar)))] if mapping == "seen" else
                              unseen_mapping(rng, seen), k, rng, shuffled) for _ in range(n)]
     episodes = {str(k): draw(k, k) for k in K_VALUES}
@@ -284,20 +283,24 @@ def mean_std(values):
     return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / max(1, len(values) - 1))
 
 
-def training_minutes(data):
-    """The training time of every run the result holds (the sweep's gpt runs, and the rest), in minutes."""
+def trained_runs(data):
+    """The record of every run the result holds, each once: the sweep's gpt runs, then (a full result) the other
+    archs' and every arch's control (the compared gpt is the sweep's last)."""
     runs = [m for step in data["sweep"] for r in step["runs"] for m in r["models"].values()]
     if not data.get("sweep_only"):
-        runs += [m for r in data["runs"] for name, m in r["models"].items() if name != "gpt"]  # gpt: the sweep's
-        runs += [m for r in data["runs"] for m in r["controls"].values()]  # every arch's control, gpt's too
-    return sum(m["train_seconds"] for m in runs) / 60
+        runs += [m for r in data["runs"] for name, m in r["models"].items() if name != "gpt"]
+        runs += [m for r in data["runs"] for m in r["controls"].values()]
+    return runs
+
+
+def training_minutes(data):
+    """The training time of every run the result holds, in minutes (each measured when it trained)."""
+    return sum(m["train_seconds"] for m in trained_runs(data)) / 60
 
 
 def reused_note(data):
     """How many of the result's runs this command loaded instead of training (--reuse=True)."""
-    runs = [m for step in data["sweep"] for r in step["runs"] for m in r["models"].values()]
-    runs += [m for r in data["runs"] if not data.get("sweep_only")
-             for m in list(r["models"].values())[1:] + list(r["controls"].values())]
+    runs = trained_runs(data)
     reused = sum(m.get("reused", False) for m in runs)
     return f" ({reused} of its {len(runs)} runs finished earlier, reused)" if reused else ""
 
@@ -319,7 +322,8 @@ def sweep_detail(data):
                          + " | ".join(f"{100 * gpt['accuracy'][str(k)]:.1f}" for k in K_VALUES)
                          + f" | {100 * gpt['shuffled_k8']:.1f} | {gpt['effect']['distinct']} | "
                          + ", ".join(f"{x:.3f}" for x in gpt["induction"])
-                         + f" (uniform {gpt['induction_uniform']:.3f}) | {'yes' if gpt['effect']['passed'] else 'no'} |")
+                         + f" (uniform {gpt['induction_uniform']:.3f}) | "
+                         + ("yes" if gpt["effect"]["passed"] else "no") + " |")
     rule = data["rules"]["last_value"]
     lines.append("| rule: the last value shown | | " + " | ".join(f"{100 * rule[str(k)]:.1f}" for k in K_VALUES)
                  + f" | {100 * rule['shuffled_k8']:.1f} | | | |")
@@ -330,18 +334,13 @@ def sweep_detail(data):
 
 def verdict(data):
     """One line: the budget at which gpt passed its effect control, or the largest budget tried."""
-    at = data["measured_multiple"]
-    if data.get("sweep_only"):
-        passed = data["chosen_multiple"]
-        return (f"**gpt passes its effect control at {passed:g} x** ({format_flops(data['budget_flops'])} per model) "
-                f"on every seed." if passed is not None else
-                f"**gpt never passed its effect control: in-context learning not reproduced up to {at:g} x** "
-                f"({format_flops(data['budget_flops'])} per model).")
+    at, flops = data["measured_multiple"], format_flops(data["budget_flops"])
     if data["chosen_multiple"] is None:
-        return (f"**gpt never passed its effect control: in-context learning not reproduced up to {at:g} x** "
-                f"({format_flops(data['budget_flops'])} per model); every arch below is measured there.")
-    return (f"**gpt passes its effect control at {at:g} x** ({format_flops(data['budget_flops'])} per model) on every "
-            f"seed; every arch below is measured at that budget.")
+        line = (f"**gpt never passed its effect control: in-context learning not reproduced up to {at:g} x** "
+                f"({flops} per model)")
+        return line + ("." if data.get("sweep_only") else "; every arch below is measured there.")
+    line = f"**gpt passes its effect control at {at:g} x** ({flops} per model) on every seed"
+    return line + ("." if data.get("sweep_only") else "; every arch below is measured at that budget.")
 
 
 def summarise(data, machine):
@@ -448,9 +447,8 @@ def plot(data, path):
         if data.get("sweep_only") else [(name, runs, name) for name in runs[0]["models"]]
     for name in runs[0]["models"]:
         points = [(step["flops"], [r["models"]["gpt"]["effect"]["mean_k1"] for r in step["runs"]])
-                  for step in data["sweep"]] if name == "gpt" else []
-        if name != "gpt" or not points or points[-1][0] != data["budget_flops"]:
-            points.append((data["budget_flops"], [r["models"][name]["effect"]["mean_k1"] for r in runs]))
+                  for step in data["sweep"]] if name == "gpt" else \
+            [(data["budget_flops"], [r["models"][name]["effect"]["mean_k1"] for r in runs])]  # the sweep's last
         stats = [mean_std([100 * v for v in values]) for _, values in points]
         left.errorbar([f for f, _ in points], [m for m, _ in stats], yerr=[d for _, d in stats], capsize=3,
                       marker=MARKERS.get(name, "o"), label=name, alpha=0.85)
@@ -486,8 +484,6 @@ def plot(data, path):
 
 def main():
     config, scale, device = resolve_experiment(DEFAULTS, SCALES, "incontext", ())  # its files: checked below
-    if not isinstance(config["sweep_only"], bool):
-        raise UserError(f"--sweep_only={config['sweep_only']}: True (gpt's sweep alone) or False")
     base = os.path.join(config["out_dir"], f"incontext-{scale}" + ("-sweep" if config["sweep_only"] else ""))
     check_writable([base + extension for extension in (".md", ".json", ".png")])
     s = SCALES[scale]
@@ -524,7 +520,7 @@ def main():
         means = ", ".join(f"{100 * e['mean_k1']:.1f}" for e in effects)
         print(f"[incontext] gpt at {multiple:g} x: mean accuracy over k >= 1 {means}% by seed; effect control "
               f"passed on {sum(e['passed'] for e in effects)}/{len(effects)} seeds", flush=True)
-        if all(run["models"]["gpt"]["effect"]["passed"] for run in runs):
+        if all(e["passed"] for e in effects):
             chosen = multiple
             break
     at = sweep[-1]["multiple"]

@@ -121,22 +121,20 @@ def planted_reader(rule):
 
 
 @pytest.mark.parametrize("reader, passes", [
-    (lambda text: [text[i + 1] for i in range(0, len(text) - 1, 3) if text[i] == text[-1]][-1]
-     if len(text) > 1 else "A", True),  # reads the demonstrations: finds the query's key, copies its value
+    (lookup_rule, True),  # reads the demonstrations: finds the query's key, copies its value
     (lambda text: FIXED[text[-1]], False),  # cannot attend back: the query key alone (chance, whatever k)
     (incontext.last_value_rule, False),  # attends back without matching keys: clears the margin, not the rule
-    (lambda text: [text[i + 1] for i in range(0, len(text) - 1, 3) if text[i] == text[-1]][-1]
-     if len(text) > 40 and sum(map(ord, text)) % 3 == 0 else incontext.last_value_rule(text),
-     False),  # the rule, and a third of k = 16 read right: ~5 points over the rule, under its 10-point margin
+    # the rule, and a third of k = 16 read right: ~5 points over the rule, under its 10-point margin
+    (lambda text: lookup_rule(text) if len(text) > 40 and sum(map(ord, text)) % 3 == 0 else
+     incontext.last_value_rule(text), False),
     (lambda text: "C", False),  # one letter whatever it is shown
-    (lambda text: min("E", [text[i + 1] for i in range(0, len(text) - 1, 3) if text[i] == text[-1]][-1])
-     if len(text) > 1 else "A", False),  # reads them, but answers only 5 letters (E for F, G, H): too few distinct
+    (lambda text: min("E", lookup_rule(text)), False),  # reads them, answers only A-E (E for F, G, H): too few
 ])
 def test_the_effect_control_passes_only_a_reader_of_the_demonstrations(monkeypatch, reader, passes):
     """The effect control computed from what a reader answers on the experiment's own episodes: an ideal lookup
     passes; a reader that cannot attend back (the query key alone), one that copies the last value shown, a
-    constant answer, and one that answers only five letters fail. Each is planted in answer_logits, so evaluate, accuracy and the control run as in a
-    real evaluation."""
+    constant answer, and one that answers only five letters fail. Each is planted in answer_logits, so evaluate,
+    accuracy and the control run as in a real evaluation."""
     monkeypatch.setattr(incontext, "answer_logits", planted_reader(reader))
     monkeypatch.setattr(incontext, "induction_scores", lambda *args: ([0.0], 0.0))
     s = dict(eval_episodes=200)
