@@ -268,6 +268,13 @@ def values(data, target, share, metric):
     return [c[metric] for c in data["cells"] if (c["target"], c["share"]) == (target, share) and metric in c]
 
 
+def seed_differences(data, target, share):
+    """A row's own validation loss minus the same target's from scratch, seed by seed (the seeds both have)."""
+    own = {(r["share"], r["seed"]): r["val_loss"] for r in data["runs"] if r["target"] == target
+           and r["val_loss"] is not None}
+    return [own[share, seed] - own[0, seed] for (f, seed) in sorted(own) if f == share and (0, seed) in own]
+
+
 def verdict(adapted, scratch, direction):
     """'adapted ahead', 'scratch ahead' or 'within noise': ahead only when the mean +- std ranges do not overlap."""
     (ma, sa), (ms, ss) = mean_std(adapted), mean_std(scratch)
@@ -341,7 +348,10 @@ def report(data):
                   + ("passed" if control["passed"] else
                      "**FAILED: a restart alone costs; adaptation is judged by its schedule**")
                   + f". gpt from scratch {plus_minus(values(data, 'gpt', 0, 'own'))}, "
-              + ", ".join(f"continued from {f:g} {plus_minus(values(data, 'gpt', f, 'own'))}" for f in shares) + "."]
+              + ", ".join(f"continued from {f:g} {plus_minus(values(data, 'gpt', f, 'own'))}" for f in shares)
+              + "; continued minus from scratch, per seed (nats): " + "; ".join(
+                  f"from {f:g} " + ", ".join(f"{d:+.3f}" for d in seed_differences(data, "gpt", f)) for f in shares)
+              + "."]
     past = [r for r in data["runs"] if r["past_plateau"]]
     lines += ["", f"Every backbone past the study's plateau control (own validation loss at least "
                   f"{data['plateau_control']['margin']:g} nats under its context-free reference): {len(past)} of "

@@ -1,11 +1,15 @@
 """
-Question: what does each mask let a position read, and what did training do with it? The attention maps of the
-study's trained gpt and bert side by side (claims A1 and D1: one stack, two masks).
+Question: what does each mask let a position read, and what did training do with it? The four masks as one
+picture, and the attention maps of the study's trained gpt and bert side by side (claims A1 and D1: one stack,
+two masks).
 
-    python experiments/attention.py            # the study's gpt and bert (seed 1337, rotary positions, each at
-                                               # its kept rate): 0.1 minutes when the study's checkpoints are
-                                               # there, else they train first (~4 minutes on 2 cores, --jobs=2;
-                                               # the study then reuses them) -> results/study/attention-cpu.*
+    python experiments/attention.py            # seconds, no training: the four masks drawn from masks.py
+                                               # (results/study/masks.{json,png}) and the trained maps read
+                                               # from the committed summary, results/study/attention-cpu.*
+    python experiments/attention.py --retrain=True  # measure the maps again from the study's gpt and bert
+                                               # (seed 1337, rotary positions, each at its kept rate): 0.1
+                                               # minutes when the study's checkpoints are there, else they
+                                               # train first (~4 minutes on 2 cores, --jobs=2)
     python experiments/attention.py --quick    # tiny models trained for seconds (the test suite runs it)
 
 Each model reads eval_windows held-out windows of the study. Per layer, averaged over heads, windows and query
@@ -26,17 +30,62 @@ import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while 
 import torch
 
 from experiments import study
-from masks import bidirectional_mask, causal_mask
+from masks import bidirectional_mask, causal_mask, flattened_encoder_decoder_mask, prefix_lm_mask
 from experiments.equal_compute import machine_line, resolve_experiment, write_results
 from infra.configurator import QUICK_NOTE, UserError, run_main
 from infra.dataset import load_dataset
 from infra.plots import pyplot, save
+from infra.progress import write_atomically
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/study",
                 seed=1337, quiet=True,
+                retrain=False,  # True: measure the trained maps again (--quick always does), not read the summary
                 jobs=1)  # when the study's checkpoints are missing: how many of the two train at once
 PICTURE_LENGTH = 32  # characters drawn (the statistics read every position of every window)
 MODELS = ("gpt", "bert")
+MASK_LENGTH, MASK_PREFIX = 8, 4  # the masks picture: 8 positions, a prefix (t5: an encoder) of 4
+
+
+# ----------------------------------------------------------------------------- the four masks, untrained
+
+def mask_data():
+    """The four masks of masks.py as 0/1 grids (True = the query row may read the key column), the picture's JSON."""
+    half = MASK_LENGTH - MASK_PREFIX
+    grids = {"gpt: causal": causal_mask(MASK_LENGTH),
+             "bert: bidirectional": bidirectional_mask(MASK_LENGTH),
+             f"prefixlm: a prefix of {MASK_PREFIX}": prefix_lm_mask(torch.tensor([MASK_PREFIX]), MASK_LENGTH)
+                 .reshape(MASK_LENGTH, MASK_LENGTH),
+             f"t5: encoder {MASK_PREFIX} + decoder {half}, flattened":
+                 flattened_encoder_decoder_mask(MASK_PREFIX, half)}
+    return {"length": MASK_LENGTH, "prefix": MASK_PREFIX,
+            "masks": {name: grid.int().tolist() for name, grid in grids.items()}}
+
+
+def plot_masks(data, path):
+    """One panel a mask: a dark cell = the row's position may read the column's (claim A1: one stack, four masks)."""
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, axes = plt.subplots(1, len(data["masks"]), figsize=(3.0 * len(data["masks"]), 3.7))
+    for axis, (name, grid) in zip(axes, data["masks"].items()):
+        axis.imshow(grid, cmap="Greys", vmin=0, vmax=1.4)
+        axis.set_title(name, fontsize=9)
+        ticks = range(data["length"])
+        axis.set_xticks(ticks, [str(i) for i in ticks], fontsize=7)
+        axis.set_yticks(ticks, [str(i) for i in ticks], fontsize=7)
+        axis.set_xlabel("key (position read)", fontsize=8)
+        axis.set_ylabel("query (position reading)", fontsize=8)
+        if name.startswith(("prefixlm", "t5")):  # where the prefix (t5: the encoder) ends
+            for line in (axis.axvline, axis.axhline):
+                line(data["prefix"] - 0.5, color="tab:red", linewidth=1)
+    fig.suptitle("The four architectures are four attention masks (masks.py). prefixlm and t5 draw the same "
+                 "pattern: t5 reads it with two stacks of weights, the encoder's and the decoder's (claim A2)",
+                 fontsize=9)
+    fig.tight_layout()
+    save(fig, path, dpi=110)
+
+
+# ----------------------------------------------------------------------------- what training does with them
 
 
 def attention_statistics(maps, arch):
@@ -106,8 +155,26 @@ def plot(data, path):
 
 def main():
     config, scale, device = resolve_experiment(DEFAULTS, study.SCALES, "attention")
-    s = study.SCALES[scale]
     t0 = time.perf_counter()
+    if scale != "quick":  # the untrained masks: drawn from masks.py in a second
+        base = os.path.join(config["out_dir"], "masks")
+        write_atomically(base + ".json", json.dumps(mask_data(), indent=1))
+        plot_masks(mask_data(), base + ".png")
+        print(f"drew the four masks of masks.py: {base}.png", flush=True)
+    summary = os.path.join(config["out_dir"], f"attention-{scale}.json")
+    if not config["retrain"] and scale != "quick":  # the trained maps: the committed summary, redrawn
+        try:
+            with open(summary) as f:
+                data = json.load(f)
+            text = "\n".join(report(data))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise UserError(f"{summary} cannot be read ({type(e).__name__}): --retrain=True measures the maps "
+                            f"again (the study's gpt and bert, trained first where their checkpoints are missing)")
+        print("\n" + text)
+        plot(data, summary[:-len(".json")] + ".png")
+        print(f"\nread {summary} and redrew its picture (--retrain=True measures the maps again)", flush=True)
+        return
+    s = study.SCALES[scale]
     splits, meta = load_dataset(config["dataset"], s["block_size"], prepare_if_missing=True)
     study_json = os.path.join(config["out_dir"], f"study-{scale}.json")
     try:  # the rates the study kept (its committed result file)

@@ -71,6 +71,8 @@ SCALES = {  # the study's model sizes and positions (rotary: with learned ones t
     "quick": dict(n_layer=1, n_head=2, n_embd=32, block_size=32, batch_size=4, position="rope", unique_chars=2_000,
                   epochs=(1, 2), max_epochs={}, seeds=1, all_seeds_up_to=2, eval_windows=4, eval_iters=2),
 }
+# each objective at the rate study.py kept for it at the CPU scale (results/study/study-cpu.json, checked by a test)
+STUDY_RATES = {"clm": 4e-3, "mlm": 2e-3, "diffusion": 1e-3}
 PLAN_KEYS = ("epochs", "max_epochs", "seeds", "all_seeds_up_to")  # what to run, not how a run runs
 SERIES = [  # name, arch, objective, settings that differ from the study's
     ("gpt", "gpt", "clm", {}),
@@ -131,9 +133,10 @@ def train_and_score(name, arch, objective, extra, epochs, seed, s, folder, windo
     args = dict(arch=arch, objective=objective, dataset=folder, device=device, out_dir=out_dir,
                 n_layer=s["n_layer"], n_head=s["n_head"], n_embd=s["n_embd"], block_size=s["block_size"],
                 batch_size=s["batch_size"], position=s["position"], dropout=0.0, bias=False, max_iters=iterations,
-                lr_decay_iters=iterations, warmup_iters=min(100, iterations // 10), learning_rate=1e-3,
-                min_lr=1e-4, beta2=0.99, eval_interval=10 ** 9, eval_iters=s["eval_iters"], log_interval=10 ** 9,
-                seed=seed, quiet=quiet, overwrite=True)  # equal_compute.train_all's defaults (study.py sweeps the rate)
+                lr_decay_iters=iterations, warmup_iters=min(100, iterations // 10),
+                learning_rate=STUDY_RATES[objective], min_lr=STUDY_RATES[objective] / 10, beta2=0.99,
+                eval_interval=10 ** 9, eval_iters=s["eval_iters"], log_interval=10 ** 9,
+                seed=seed, quiet=quiet, overwrite=True)  # equal_compute.train_all's defaults, the study's rates
     args.update(extra)
     config = train.resolve_config([f"--{k}={v}" for k, v in args.items()])
     t0 = time.perf_counter()
@@ -166,13 +169,17 @@ def summarise(runs, s):
                 table.setdefault(name, {})[epochs] = dict(stats, seeds=len(rows))
     best = {name: min(curve, key=lambda e: curve[e]["bits_val"][0]) for name, curve in table.items()}
     # the crossover: the first epoch count from which diffusion's held-out bound stays below the better gpt's NLL,
-    # by more than both seed spreads, at every larger epoch count measured and at two counts at least (one lucky
-    # point does not make a crossover)
+    # by more than both seed spreads, at every larger epoch count where gpt runs and at two counts at least (one
+    # lucky point does not make a crossover)
     crossover, below = None, 0
     if "diffusion" in table:
         for epochs in reversed(s["epochs"]):
-            gpts = [table[g][epochs]["bits_val"] for g in ("gpt", "gpt, dropout 0.2") if epochs in table.get(g, {})]
-            if epochs not in table["diffusion"] or not gpts:
+            planned = [g for g in ("gpt", "gpt, dropout 0.2")
+                       if g in table and epochs <= s.get("max_epochs", {}).get(g, epochs)]
+            if not planned:  # past the gpt series' last epoch count (max_epochs): nothing to compare with here
+                continue
+            gpts = [table[g][epochs]["bits_val"] for g in planned if epochs in table.get(g, {})]
+            if epochs not in table["diffusion"] or len(gpts) < len(planned):  # not measured yet: no verdict past it
                 break
             diffusion_mean, diffusion_std = table["diffusion"][epochs]["bits_val"]
             gpt_mean, gpt_std = min(gpts)
@@ -275,7 +282,7 @@ def main():
     windows = {split: get_windows(os.path.join(folder, f"{split}.bin"), s["eval_windows"], s["block_size"] - 2,
                                   rng).to(device) for split in ("val", "train")}
     # a finished run is reused when everything that defines it is the same; the plan may grow (PLAN_KEYS)
-    settings = {"scale": scale, "seed": config["seed"], "dataset": config["dataset"],
+    settings = {"scale": scale, "seed": config["seed"], "dataset": config["dataset"], "learning_rates": STUDY_RATES,
                 **{k: v for k, v in s.items() if k not in PLAN_KEYS}}
     json_path = os.path.join(config["out_dir"], f"epochs-{scale}.json")
     runs = []

@@ -4,9 +4,10 @@ from k demonstrations in its input, and does that need a left-to-right decoder?
 
     python experiments/incontext.py --jobs=2 --sweep_only=True   # gpt's sweep alone -> incontext-cpu-sweep.*:
                     # 115.5 minutes of training summed, about 70 on the clock (two runs at a time, 2 cores)
-    python experiments/incontext.py --jobs=2 --reuse=True        # the sweep's runs kept, then bert, prefixlm and
-                    # t5 at the budget found (9 runs at 8 x, 12 controls): not run yet, about 85 minutes more
-                    # (estimated from gpt's 8 x runs) -> results/study/incontext-cpu.{md,json,png}
+    python experiments/incontext.py --jobs=2 --sweep_from=results/study/incontext-cpu-sweep.json
+                    # gpt's sweep read from its file, then bert, prefixlm and t5 at the budget found (9 runs at
+                    # 8 x, 12 controls) -> results/study/incontext-cpu.{md,json,png}
+    python experiments/incontext.py --jobs=2                     # the same, the sweep trained first
     python experiments/incontext.py --scale=gpu      # one GPU, larger models and budget
     python experiments/incontext.py --quick          # a smoke run in seconds (the test suite runs it) -> out-quick/
 
@@ -55,7 +56,7 @@ import numpy as np
 import torch
 
 import objectives
-from infra.configurator import QUICK_NOTE, run_main
+from infra.configurator import QUICK_NOTE, UserError, run_main
 from data.prepare_common import write_dataset
 from infra.dataset import load_dataset
 from infra.progress import check_writable, format_duration, format_flops, write_atomically
@@ -69,6 +70,7 @@ START = "\n"  # every training episode follows a newline; evaluation shows each 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", out_dir="results/study", seed=1337, quiet=False,
                 reuse=False,  # True: load the runs finished earlier with the same settings
                 sweep_only=False,  # True: gpt's sweep alone (which budget makes it read the demonstrations?)
+                sweep_from="",  # a sweep file --sweep_only=True wrote: its gpt runs stand for the sweep (not retrained)
                 jobs=1)  # how many runs train at once (processes, one per core)
 SCALES = {  # model size, the base FLOPs budget (as gpt iterations) and its sweep, the training text, evaluation
     # cpu: 2 x 128 (a pilot at 2 x 64 never left the constant answer in 2,000 iterations; at 128 wide, rate 5e-4,
@@ -482,6 +484,32 @@ def plot(data, path):
     return path
 
 
+def read_sweep(config, scale, s, rules):
+    """gpt's sweep from a file --sweep_only=True wrote with these settings: (sweep, the multiple it passed at or
+    None). The same rules on the same evaluation episodes show that the seed and training text are the same too."""
+    path = config["sweep_from"]
+    if config["sweep_only"]:
+        raise UserError(f"--sweep_from={path} with --sweep_only=True: the sweep is read, not made; give one of the two")
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserError(f"--sweep_from={path}: cannot read it as a JSON file ({e.__class__.__name__}): give the "
+                        f".json that --sweep_only=True wrote, or leave --sweep_from out to train the sweep")
+    if not isinstance(data, dict) or not data.get("sweep_only") or not data.get("sweep"):
+        raise UserError(f"--sweep_from={path}: not a sweep file (--sweep_only=True writes "
+                        f"incontext-<scale>-sweep.json)")
+    same = json.loads(json.dumps(dict(scale=scale, sizes=s, settings=SETTINGS, effect_margin=EFFECT_MARGIN,
+                                      effect_distinct=EFFECT_DISTINCT, rule_margin=RULE_MARGIN, rules=rules)))
+    differ = [key for key, value in same.items() if data.get(key) != value]
+    if differ:
+        raise UserError(f"--sweep_from={path}: its {', '.join(differ)} differ from this run's (another scale, seed "
+                        f"or version of incontext.py): train the sweep again without --sweep_from")
+    budgets = ", ".join(f"{step['multiple']:g} x" for step in data["sweep"])
+    print(f"[incontext] the sweep read from {path}: gpt at {budgets}", flush=True)
+    return data["sweep"], data["chosen_multiple"]
+
+
 def main():
     config, scale, device = resolve_experiment(DEFAULTS, SCALES, "incontext", ())  # its files: checked below
     base = os.path.join(config["out_dir"], f"incontext-{scale}" + ("-sweep" if config["sweep_only"] else ""))
@@ -511,8 +539,9 @@ def main():
             raise KeyboardInterrupt  # nothing written: run_main says the finished runs are kept (status 130)
         return runs, budget
 
-    sweep, chosen = [], None
-    for multiple in s["budgets"]:  # a winner first: gpt's budget is found, not fixed
+    rules = rule_accuracies(evaluation_episodes(config["seed"], seen, s))
+    sweep, chosen = read_sweep(config, scale, s, rules) if config["sweep_from"] else ([], None)
+    for multiple in s["budgets"][len(sweep):] if chosen is None else ():  # a winner first: the budget is found
         print(f"[incontext] the sweep: gpt at {multiple:g} x the base budget", flush=True)
         runs, budget = train_at(multiple, MODELS[:1])
         sweep.append(dict(multiple=multiple, flops=budget, runs=runs))
@@ -524,7 +553,6 @@ def main():
             chosen = multiple
             break
     at = sweep[-1]["multiple"]
-    rules = rule_accuracies(evaluation_episodes(config["seed"], seen, s))
     data = {"scale": scale, "sizes": s, "sweep": sweep, "chosen_multiple": chosen, "measured_multiple": at,
             "budget_flops": sweep[-1]["flops"], "rules": rules, "training_mappings": len(seen),
             "settings": SETTINGS, "effect_margin": EFFECT_MARGIN, "effect_distinct": EFFECT_DISTINCT,

@@ -38,6 +38,8 @@ def drawer(name):
         return draw_epochs
     elif kind == "encoders":
         from experiments.encoders_report import plot
+    elif kind == "masks":
+        from experiments.attention import plot_masks as plot
     elif kind in ("plateau", "multiplier", "attention", "adaptation", "incontext"):
         plot = __import__(f"experiments.{kind}", fromlist=["plot"]).plot
     else:

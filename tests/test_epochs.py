@@ -116,6 +116,31 @@ def test_summary_finds_the_best_epoch_and_a_crossover_only_when_diffusion_stays_
     assert epochs.summarise(runs, s)[2] is None
 
 
+def test_the_crossover_skips_the_epoch_counts_past_gpts_last_and_compares_with_the_better_gpt():
+    """gpt's series stop at max_epochs (overfit long before): the epoch counts past it have no gpt to compare
+    with and are skipped, not read as an unfinished run; below them, diffusion is compared with the better gpt."""
+    s = {"epochs": (1, 2, 4, 8), "max_epochs": {"gpt": 4, "gpt, dropout 0.2": 4}}
+    curves = {"gpt": {1: 3.0, 2: 2.5, 4: 2.9}, "gpt, dropout 0.2": {1: 3.1, 2: 2.6, 4: 2.7},
+              "diffusion": {1: 3.5, 2: 2.55, 4: 2.4, 8: 2.3}}
+    assert epochs.summarise(synthetic_runs(curves), s)[2] is None  # below at 4 only (2: above the better gpt)
+    curves["diffusion"][2] = 2.3
+    assert epochs.summarise(synthetic_runs(curves), s)[2] == 2  # below at 2 and 4, 8 skipped
+    curves["gpt, dropout 0.2"][2] = 2.2  # the better gpt at 2 is now below diffusion: the crossover moves to 4,
+    assert epochs.summarise(synthetic_runs(curves), s)[2] is None  # one count only, no crossover
+    del curves["gpt"][4]  # a planned gpt run not finished yet: no verdict from there down
+    curves["gpt, dropout 0.2"][2] = 2.6
+    assert epochs.summarise(synthetic_runs(curves), s)[2] is None
+
+
+def test_each_objective_trains_at_the_rate_the_study_kept_for_it():
+    """The runs use the study's settings: the rate study.py kept per objective at the CPU scale."""
+    with open(os.path.join(os.path.dirname(epochs.__file__), "..", "results", "study", "study-cpu.json")) as f:
+        models = json.load(f)["models"]
+    kept = {m["objective"]: m["learning_rate"] for m in models.values()}
+    assert {objective: kept[objective] for objective in epochs.STUDY_RATES} == epochs.STUDY_RATES
+    assert {objective for _, _, objective, _ in epochs.SERIES} <= set(epochs.STUDY_RATES)
+
+
 def test_epochs_rejects_an_unknown_scale():
     result = run_script("experiments/epochs.py", "--scale=tpu")
     assert result.returncode == 2 and "unknown --scale=tpu" in result.stderr and "Traceback" not in result.stderr

@@ -9,7 +9,7 @@ import pytest
 from conftest import ROOT, run_script
 
 CHAPTER = ["masks.py", "model.py", "objectives.py", "train.py", "kvcache.py", "sample.py", "bench.py"]
-TOP_LEVEL = set(CHAPTER) | {"README.md", "requirements.txt", "config", "data", "tests", "infra", "experiments",
+TOP_LEVEL = set(CHAPTER) | {"README.md", "README_en.md", "requirements.txt", "config", "data", "tests", "infra", "experiments",
                             "results", "docs", "exercises"}
 COMMANDS = ("train", "sample", "bench")  # scripts: only experiments (and tests) may import them
 
@@ -97,11 +97,53 @@ def test_arrows_point_down():
             assert not commands, (module, commands)
 
 
-def test_the_readme_is_a_guide_and_every_cited_claim_id_is_in_the_claims_file():
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    assert len(readme.split()) <= 3000, len(readme.split())
-    for heading in ("## Quick start", "## Read the code in this order", "## What was measured"):
-        assert heading in readme, heading
+READMES = {"README.md": ("## 快速上手", "## 代码阅读顺序", "## 结果一览"),  # the same page in both languages
+           "README_en.md": ("## Quick start", "## Read the code in this order", "## Results at a glance")}
+
+
+def readme(name):
+    return open(os.path.join(ROOT, name), encoding="utf-8").read()
+
+
+def prose(text):
+    """A page without its code blocks: what a reader reads as text."""
+    return re.sub(r"```.*?```", "", text, flags=re.S)
+
+
+@pytest.mark.parametrize("name", READMES)
+def test_the_readme_reads_in_three_minutes(name):
+    """The front door: its sections in order, at most about 900 English words (1,800 Chinese characters) outside
+    code, no paragraph over 120 words (240 characters), no table cell over 25 words (50 characters)."""
+    text = readme(name)
+    places = [text.index(heading) for heading in READMES[name]]
+    assert places == sorted(places)
+    words = lambda t: len(re.findall(r"[\u4e00-\u9fff]", t)) / 2 + len(re.findall(r"[A-Za-z0-9][\w.+-]*", t))  # noqa
+    assert words(prose(text)) <= 900, words(prose(text))
+    paragraphs = [p for p in prose(text).split("\n\n") if p.strip() and not p.lstrip().startswith("|")]
+    assert max(words(p) for p in paragraphs) <= 120, max(paragraphs, key=words)[:200]
+    cells = [c for line in text.splitlines() if line.startswith("|") for c in line.strip("|").split("|")]
+    assert max(words(c) for c in cells) <= 25, max(cells, key=words)
+
+
+def test_both_readmes_give_the_same_commands_links_and_pictures_and_each_link_resolves():
+    """README.md (Chinese) and README_en.md are one page in two languages: the same code blocks' commands, the same
+    relative links and images, in the same order; every one of them names a file of the tree."""
+    pages = {name: readme(name) for name in READMES}
+    commands = {name: [line.split("  #")[0].strip() for block in re.findall(r"```\n(.*?)```", text, flags=re.S)
+                       for line in block.splitlines() if line.startswith(("python", "pip"))]
+                for name, text in pages.items()}
+    links = {name: [link for link in re.findall(r"\]\(([^)#]+)\)", text) if "://" not in link]
+             for name, text in pages.items()}
+    assert commands["README.md"] == commands["README_en.md"] and len(commands["README.md"]) >= 8
+    assert [link for link in links["README.md"] if link != "README_en.md"] == \
+        [link for link in links["README_en.md"] if link != "README.md"]
+    for name, found in links.items():
+        missing = [link for link in found if not os.path.exists(os.path.join(ROOT, link))]
+        assert not missing, (name, missing)
+    assert "![" in pages["README.md"] and pages["README.md"].count("![") == pages["README_en.md"].count("![")
+
+
+def test_every_cited_claim_id_is_in_the_claims_file():
     claims = open(os.path.join(ROOT, "docs", "claims.md"), encoding="utf-8").read()
     documented = set(re.findall(r"^\| \*\*([A-GX][0-9])\*\* \|", claims, flags=re.M))
     cited = set()
@@ -157,27 +199,40 @@ def test_the_chapter_core_imports_no_infrastructure(module):
     assert not {m for m in graph[module] if m.startswith(("infra.", "experiments.", "data."))}, graph[module]
 
 
-def test_every_headline_number_of_the_readme_is_in_its_result_file():
-    """The README's "What was measured" table quotes committed results: each number of a row (e.g. 6.90x,
-    2.559 +- 0.021, 49.1 +- 0.5%) must appear, whole and to the file's own digits, in the result file that row
-    links to."""
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    table = readme.split("## What was measured", 1)[1].split("\n## ", 1)[0]
+def numbers_missing(line, links, folder):
+    """The numbers a line quotes (e.g. 6.72x, 2.559 +- 0.021, 49.1 +- 0.5%) that none of its linked result files
+    holds whole and to its own digits; small whole numbers are counts and sizes of the setting, not results."""
+    files = "".join(open(os.path.join(folder, link), encoding="utf-8").read() for link in links
+                    if not link.endswith(".png"))  # (a row's plot beside its table)
+    files = files.replace(" ± ", " +- ").replace("%", "")  # "49.1% +- 0.5" and "49.1 +- 0.5%" alike
+    missing = []
+    for number in re.findall(r"\d+(?:\.\d+)?(?: \+- \d+(?:\.\d+)?)?(?:%|x)?", line):
+        if re.fullmatch(r"\d{1,3}", number) and "." not in number:
+            continue  # counts and sizes of the setting (16 requests, context 255, 3 TFLOP), not results
+        value = number.replace("%", "").rstrip("x")  # whole: "2.2" is not in "12.2", "2.25" nor "2.2e-3"
+        if not re.search(r"(?<![\d.])" + re.escape(value) + r"(?![\d]|\.\d|e[-+]?\d)", files):
+            missing.append(number)
+    return missing
+
+
+def test_every_headline_number_is_in_its_result_file():
+    """The measured table of docs/results.md and the README's results at a glance quote committed results: each
+    number of a row or line must appear, whole and to the file's own digits, in the result file it links to."""
+    table = readme("docs/results.md").split("## What was measured, at a glance", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in table.splitlines() if line.startswith("| ") and "](" in line]
     assert len(rows) >= 8
     missing = []
     for row in rows:
         cells = [cell.strip() for cell in row.strip("|").split("|")]
-        headline, links = cells[1], re.findall(r"\]\(([^)]+)\)", cells[-1])
-        files = "".join(open(os.path.join(ROOT, link), encoding="utf-8").read() for link in links
-                        if not link.endswith(".png"))  # (a row's plot beside its table)
-        files = files.replace(" ± ", " +- ").replace("%", "")  # "49.1% +- 0.5" and "49.1 +- 0.5%" alike
-        for number in re.findall(r"\d+(?:\.\d+)?(?: \+- \d+(?:\.\d+)?)?(?:%|x)?", headline):
-            if re.fullmatch(r"\d{1,3}", number) and "." not in number:
-                continue  # counts and sizes of the setting (16 requests, context 255, 3 TFLOP), not results
-            value = number.replace("%", "").rstrip("x")  # whole: "2.2" is not in "12.2", "2.25" nor "2.2e-3"
-            if not re.search(r"(?<![\d.])" + re.escape(value) + r"(?![\d]|\.\d|e[-+]?\d)", files):
-                missing.append(f"{cells[0]}: {number}")
+        links = re.findall(r"\]\(([^)]+)\)", cells[-1])
+        missing += [f"{cells[0]}: {n}" for n in numbers_missing(cells[1], links, os.path.join(ROOT, "docs"))]
+    for name, headings in READMES.items():
+        glance = readme(name).split(headings[2], 1)[1].split("\n## ", 1)[0]
+        findings = [f for f in re.split(r"\n- ", glance) if "](results/" in f]
+        assert len(findings) >= 5, name
+        for finding in findings:
+            links = re.findall(r"\]\((results/[^)]+)\)", finding)
+            missing += [f"{name}: {n}" for n in numbers_missing(re.sub(r"\]\([^)]*\)", "]", finding), links, ROOT)]
     assert not missing, missing
 
 
@@ -205,7 +260,7 @@ def test_every_committed_plot_is_shown_where_its_table_is_read():
     """A plot nobody links is a plot nobody sees: each is shown beside its table's words (docs/results.md,
     docs/speed.md), the guide or the README."""
     pages = "".join(open(os.path.join(ROOT, page), encoding="utf-8").read()
-                    for page in ("README.md", "docs/results.md", "docs/speed.md", "docs/chapter.md"))
+                    for page in ("README.md", "docs/results.md", "docs/speed.md", "docs/chapter.md", "docs/code.md"))
     missing = [path for path in committed_plots() if os.path.basename(path) not in pages]
     assert not missing, f"plots linked from no page: {missing}"
 

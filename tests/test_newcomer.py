@@ -16,21 +16,22 @@ from infra.timing import machine_name
 from infra.run_control import format_mfu
 
 QUICK_START = [  # the README's quick start, in its order (the test below reads them from the README)
-    "pip install torch --index-url https://download.pytorch.org/whl/cpu",
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu",  # CPU only
     "pip install -r requirements.txt",
     "python masks.py",
-    "python train.py --arch=bert",
-    "python train.py config/train_shakespeare_char_cpu.py --arch=bert",
-    "python sample.py --out_dir=out-cpu-bert --steps=16 --max_new_tokens=48",
     "python train.py config/train_shakespeare_char_cpu.py --arch=gpt",
     'python sample.py --out_dir=out-cpu-gpt --start="ROMEO:"',
-    "python -m pytest -q",
+    "python train.py config/train_shakespeare_char_cpu.py --arch=bert",
+    "python experiments/curves.py out-cpu-gpt out-cpu-bert",
+    "pip install -r requirements.txt",  # with a GPU
+    "python train.py --arch=gpt",
+    'python sample.py --out_dir=out-gpt --start="ROMEO:"',
 ]
 TINY = ["--max_iters=20", "--eval_interval=10", "--eval_iters=2", "--log_interval=10"]  # the recipe, in seconds
 
 
 def readme_quick_start():
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    readme = open(os.path.join(ROOT, "README_en.md"), encoding="utf-8").read()  # README.md's the same (test_house)
     section = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```\n(.*?)```", section, flags=re.S)
     commands = [line.split("  #")[0].strip() for block in blocks for line in block.splitlines()]
@@ -44,14 +45,25 @@ def run_in(folder, command, *extra, timeout=HANG_TIMEOUT):
 
 
 def test_the_quick_start_runs_as_written_in_order(char_dataset, tmp_path):
-    """In a fresh folder: the GPU-sized default on a CPU advises the recipe, Ctrl-C saves into out-bert; the
-    advised recipe (tiny here: 20 iterations) is not refused, writes its own out-cpu-bert and samples."""
+    """In a fresh folder, the README's commands in order: the CPU recipe (tiny here: 20 iterations) trains gpt,
+    samples from it, trains bert, and the curves command reads both runs; the GPU-sized default on a CPU advises
+    the recipe, and Ctrl-C saves into out-gpt."""
     assert readme_quick_start() == QUICK_START
     os.symlink(os.path.join(ROOT, "config"), tmp_path / "config")  # a clone's folder, with the outputs kept apart
     data = f"--dataset={char_dataset}"
     masks = run_in(tmp_path, QUICK_START[2])
     assert masks.returncode == 0 and "identical: True" in masks.stdout
-    default = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), "--arch=bert", data, "--device=cpu"],
+    for command in (QUICK_START[3], QUICK_START[5]):
+        trained = run_in(tmp_path, command, data, *TINY)
+        assert trained.returncode == 0, trained.stderr
+        assert "finished at iteration 20" in trained.stdout and "python sample.py --out_dir=out-cpu-" in trained.stdout
+        if command == QUICK_START[3]:
+            sample = run_in(tmp_path, QUICK_START[4].replace('"', ""), "--max_new_tokens=8", "--num_samples=1")
+            assert sample.returncode == 0, sample.stderr
+    curves = run_in(tmp_path, QUICK_START[6])
+    assert curves.returncode == 0, curves.stderr
+    assert "out-cpu-gpt" in curves.stdout and "out-cpu-bert" in curves.stdout
+    default = subprocess.Popen([sys.executable, os.path.join(ROOT, "train.py"), "--arch=gpt", data, "--device=cpu"],
                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = []
     for line in default.stdout:
@@ -61,16 +73,11 @@ def test_the_quick_start_runs_as_written_in_order(char_dataset, tmp_path):
     default.send_signal(signal.SIGINT)  # Ctrl-C during the first evaluation
     stdout, stderr = default.communicate(timeout=HANG_TIMEOUT)
     assert default.returncode == 130, stderr
-    assert "config/train_shakespeare_char_cpu.py --arch=bert" in lines[-1], lines
-    assert "interrupted: saved out-bert/ckpt.pt at iteration 0" in stdout, stdout
-    assert os.path.exists(tmp_path / "out-bert" / "ckpt.pt")
-    for train_command, sample_command in ((QUICK_START[4], QUICK_START[5]), (QUICK_START[6], QUICK_START[7])):
-        trained = run_in(tmp_path, train_command, data, *TINY)
-        assert trained.returncode == 0, trained.stderr
-        assert "finished at iteration 20" in trained.stdout and "python sample.py --out_dir=out-cpu-" in trained.stdout
-        sample = run_in(tmp_path, sample_command.replace('"', ""), "--max_new_tokens=8", "--num_samples=1")
-        assert sample.returncode == 0, sample.stderr
-    assert sorted(os.listdir(tmp_path)) == ["config", "out-bert", "out-cpu-bert", "out-cpu-gpt"]
+    assert "config/train_shakespeare_char_cpu.py --arch=gpt" in lines[-1], lines
+    assert "interrupted: saved out-gpt/ckpt.pt at iteration 0" in stdout, stdout
+    assert os.path.exists(tmp_path / "out-gpt" / "ckpt.pt")
+    made = sorted(os.listdir(tmp_path))
+    assert [f for f in made if not f.startswith("curves")] == ["config", "out-cpu-bert", "out-cpu-gpt", "out-gpt"]
 
 
 def test_smoke_runs_write_outside_the_committed_results(tmp_path):

@@ -237,3 +237,30 @@ def test_attention_quick_draws_both_masks_and_their_even_references(char_dataset
     assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1, again.stderr[-2000:]
     assert "device 'cuda'" in again.stderr and "--out_dir" in again.stderr
     assert (tmp_path / "attention-quick.json").read_text() == before
+
+
+def test_attention_by_default_reads_the_committed_summary_and_draws_the_four_masks(tmp_path):
+    """experiments/attention.py with no flag trains nothing: it redraws the trained maps from the summary in
+    --out_dir and draws the four masks from masks.py (the committed masks.json is that drawing's data). Without a
+    summary: one line that names --retrain=True, no checkpoint folder made."""
+    import os
+    import shutil
+    from experiments import attention
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    committed = json.load(open(os.path.join(root, "results", "study", "masks.json")))
+    assert committed == json.loads(json.dumps(attention.mask_data()))
+    grids = {name.split(":")[0]: np.array(grid, dtype=bool) for name, grid in committed["masks"].items()}
+    T, P = committed["length"], committed["prefix"]
+    assert (grids["gpt"] == np.tril(np.ones((T, T), dtype=bool))).all() and grids["bert"].all()
+    assert grids["prefixlm"][:P].sum() == P * P and grids["prefixlm"][P:, :P].all()  # the prefix reads only itself
+    assert (grids["prefixlm"] == grids["t5"]).all()  # claim A2: one pattern (t5 with two stacks of weights)
+    shutil.copy(os.path.join(root, "results", "study", "attention-cpu.json"), tmp_path)
+    result = run_script("experiments/attention.py", f"--out_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "gpt gives nothing to its right" in result.stdout and not (tmp_path / "checkpoints").exists()
+    assert json.loads((tmp_path / "masks.json").read_text()) == committed
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    missing = run_script("experiments/attention.py", f"--out_dir={empty}")
+    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr[-2000:]
+    assert "--retrain=True" in missing.stderr and not (empty / "checkpoints").exists()
