@@ -34,6 +34,7 @@ import torch
 from infra.checkpoint import load_model
 from infra.configurator import (UserError, apply_overrides, check_compiler, pick_device,
                                  read_text_file, run_main)
+from infra.hardware import compile_option
 from infra.decode_layout import COMPILED_MAX_ROWS, compile_pays, decoding_step, runs_compiled_step
 from infra.pretrained import tokenizer_for
 from infra.progress import StopSignalsWithProgress
@@ -424,9 +425,6 @@ def check_sample_config(config, arch, prompt_tokens, block_size, objective):
                         f"{block_size}")
 
 
-COMPILE_CHOICES = {"auto": "auto", "True": True, "False": False}  # --compile's text
-
-
 def compile_choice(config, model, device):
     """--compile as a bool: True or False as given; auto, whether this generation repays
     compiling the decoding step (infra/decode_layout.compile_pays, from what bench.py measured)
@@ -468,9 +466,7 @@ def main():
         # each would write the same samples
         raise UserError("sample.py runs in one process: start it with python, not under torchrun "
                         "or infra.parallel")
-    if config["compile"] not in COMPILE_CHOICES:
-        raise UserError(f"--compile={config['compile']}: choose auto, True or False")
-    config["compile"] = COMPILE_CHOICES[config["compile"]]
+    config["compile"] = compile_option(config["compile"])  # "auto", True or False
     device = pick_device(config["device"])
     if config["compile"] is True:
         check_compiler(device)

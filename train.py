@@ -37,7 +37,8 @@ import objectives
 from objectives import batch_for
 from infra.checkpoint import (CheckpointWriteFailed, check_resume, load_checkpoint,
                               model_from_checkpoint, restore_training_state, rng_state)
-from infra.configurator import UserError, apply_overrides, check_compiler, run_main
+from infra.configurator import UserError, apply_overrides, run_main
+from infra.hardware import compile_option, run_choices
 from infra.dataset import get_windows, load_dataset
 from infra.parallel import Processes, peer_lost_line, run_under_torchrun, under_torchrun
 from infra.progress import Progress
@@ -85,9 +86,10 @@ DEFAULTS = dict(
                                 # refused unless True
     # system
     device="auto",              # auto | cpu | cuda | cuda:N | mps
-    dtype="auto",               # auto (bfloat16 on CUDA, else float32) | float32 | bfloat16 |
-                                # float16 (CUDA only)
-    compile=False, seed=1337,
+    dtype="auto",               # auto (what the device computes natively: infra/hardware.py) |
+                                # float32 | bfloat16 | float16 (CUDA only)
+    compile="auto",             # auto (on CUDA, not on a CPU) | True | False
+    seed=1337,
     quiet=False,                # True (the experiments): no log lines, only "iteration N/M,
                                 # ~T left" every 10 s
 )
@@ -98,6 +100,7 @@ CPU_RECIPE = "config/train_shakespeare_char_cpu.py"
 
 def resolve_config(argv):
     config = apply_overrides(DEFAULTS, argv)
+    config["compile"] = compile_option(config["compile"])  # "auto", True or False
     check_training_config(config)
     return config
 
@@ -164,18 +167,14 @@ def estimate_loss(model, config, splits, specials, device, autocast, stop, log,
         model.train()
 
 
-def precision(config, device):
-    """(dtype name, autocast context). Low precision is real or refused: bf16 autocast on CUDA and
-    on the CPU, fp16 (with a loss scaler) on CUDA only."""
+def precision(dtype, device):
+    """The autocast context of a precision (infra/hardware.py resolves --dtype=auto). Low precision is
+    real or refused: bf16 autocast on CUDA and on the CPU, fp16 (with a loss scaler) on CUDA only."""
     device_type = device.split(":")[0]
-    dtype = config["dtype"]
-    if dtype == "auto":
-        bf16 = device_type == "cuda" and torch.cuda.is_bf16_supported()
-        dtype = "bfloat16" if bf16 else "float32"
     if dtype == "float32":
-        return dtype, nullcontext()
+        return nullcontext()
     if device_type == "cuda" or (device_type == "cpu" and dtype == "bfloat16"):
-        return dtype, torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
+        return torch.autocast(device_type=device_type, dtype=getattr(torch, dtype))
     raise UserError(f"--dtype={dtype} is not supported on {device_type}: use float32"
                     + (" or bfloat16 (CPU autocast; slow on CPUs without bf16 units)"
                        if device_type == "cpu" else ""))
@@ -261,12 +260,11 @@ def prepare(config):
     for RunControl (the counters a resumed run continues, the precision MFU is measured in)."""
     processes = Processes(config)  # one process, or one of several under torchrun
     device = processes.device
-    if config["compile"]:
-        check_compiler(device)
+    dtype, config["compile"], choices = run_choices(config, device)  # --dtype, --compile: auto
     log = print if processes.master and not config["quiet"] else (lambda *a, **k: None)
     micro_steps = processes.micro_steps(config["gradient_accumulation_steps"])
     checkpoint, splits, meta, specials = load_data(config, processes)
-    dtype, autocast = precision(config, device)
+    autocast = precision(dtype, device)
     torch.manual_seed(config["seed"])  # the same initial weights on every process
     raw_model = build_model(config, checkpoint, meta).to(device)
     # windows, objective noise and dropout differ between processes
@@ -285,15 +283,15 @@ def prepare(config):
         log(f"resuming {path} from iteration {iter_num}")
     model = torch.compile(raw_model) if config["compile"] else raw_model
     model = processes.wrap(model)  # DDP averages gradients across processes during backward
-    log(f"{describe(raw_model)}; objective {config['objective']}; device {device} ({dtype})",
-        flush=True)
+    log(f"{describe(raw_model)}; objective {config['objective']}; device {device} ({dtype})")
+    log(choices, flush=True)  # what auto chose, and why
     scaler = torch.amp.GradScaler(enabled=(dtype == "float16"))  # fp16's narrow range needs it
     setup = Setup(processes, device, log, micro_steps, splits, meta, specials, autocast, raw_model,
                   model, optimizer, scaler, data_rng, objective_rng)
     end_iter = iter_num + planned_iterations(config, raw_model, splits, specials, iter_num)
     start = dict(iter_num=iter_num, end_iter=end_iter, best_val_loss=best_val_loss,
                  flops_done=flops_done,
-                 peak_dtype=torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+                 peak_dtype=getattr(torch, dtype))  # MFU against the peak of the precision it runs in
     return setup, start
 
 

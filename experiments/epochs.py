@@ -73,6 +73,7 @@ SCALES = {  # the study's model sizes and positions (rotary: with learned ones t
 }
 # each objective at the rate study.py kept for it at the CPU scale (results/study/study-cpu.json, checked by a test)
 STUDY_RATES = {"clm": 4e-3, "mlm": 2e-3, "diffusion": 1e-3}
+EARLIER_RATE = 1e-3  # the rate of every row recorded before rows carried their own (one rate for all objectives)
 PLAN_KEYS = ("epochs", "max_epochs", "seeds", "all_seeds_up_to")  # what to run, not how a run runs
 SERIES = [  # name, arch, objective, settings that differ from the study's
     ("gpt", "gpt", "clm", {}),
@@ -99,6 +100,13 @@ def budget_dataset(splits, meta, unique_tokens, folder):
     for split in ("train", "val"):
         written_here(os.path.join(folder, f"{split}.bin"))
     return folder
+
+
+def at_current_rates(runs):
+    """The runs trained at the rate their series trains at now: a row records its rate (rows without one were all
+    trained at EARLIER_RATE), so a change of STUDY_RATES reruns only the series it changes."""
+    objective = {name: obj for name, _, obj, _ in SERIES}
+    return [r for r in runs if r.get("learning_rate", EARLIER_RATE) == STUDY_RATES[objective[r["series"]]]]
 
 
 def plan_runs(s, runs, base_seed):
@@ -147,7 +155,8 @@ def train_and_score(name, arch, objective, extra, epochs, seed, s, folder, windo
     model = result["model"].eval()
     row = {"series": name, "epochs": epochs, "seed": seed, "iterations": result["iter_num"],
            "tokens_seen": result["tokens_seen"], "epochs_read": result["tokens_seen"] / s["unique_chars"],
-           "seconds": seconds, "loss_val": result["val_loss"], "loss_train": result["train_loss"]}
+           "seconds": seconds, "loss_val": result["val_loss"], "loss_train": result["train_loss"],
+           "learning_rate": STUDY_RATES[objective]}
     for split in ("val", "train"):
         bits, extra_bits = second_half_bits(name, model, windows[split], specials, torch.Generator().manual_seed(seed))
         row[f"chain_bits_{split}"] = bits  # diffusion: its exact chain rule; also its ELBO below
@@ -282,16 +291,17 @@ def main():
     windows = {split: get_windows(os.path.join(folder, f"{split}.bin"), s["eval_windows"], s["block_size"] - 2,
                                   rng).to(device) for split in ("val", "train")}
     # a finished run is reused when everything that defines it is the same; the plan may grow (PLAN_KEYS)
-    settings = {"scale": scale, "seed": config["seed"], "dataset": config["dataset"], "learning_rates": STUDY_RATES,
-                **{k: v for k, v in s.items() if k not in PLAN_KEYS}}
+    settings = {"scale": scale, "seed": config["seed"], "dataset": config["dataset"],
+                **{k: v for k, v in s.items() if k not in PLAN_KEYS}}  # the rates: each row's own (at_current_rates)
     json_path = os.path.join(config["out_dir"], f"epochs-{scale}.json")
     runs = []
     if os.path.exists(json_path) and not config["fresh"]:
         with open(json_path) as f:
             previous = json.load(f)
         if previous.get("settings") == settings:
-            runs = previous["runs"]
-            print(f"reusing {len(runs)} finished runs from {json_path} (--fresh=True to start over)", flush=True)
+            runs = at_current_rates(previous["runs"])
+            print(f"reusing {len(runs)} finished runs from {json_path} (--fresh=True to start over; "
+                  f"{len(previous['runs']) - len(runs)} at another rate than their series' now dropped)", flush=True)
         else:  # never replaced by a partial run unasked
             raise UserError(f"{json_path} holds {len(previous.get('runs', []))} runs of other settings: --fresh=True "
                             f"replaces them (from its first finished run on), or --out_dir=<another folder>")

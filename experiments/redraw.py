@@ -40,7 +40,7 @@ def drawer(name):
         from experiments.encoders_report import plot
     elif kind == "masks":
         from experiments.attention import plot_masks as plot
-    elif kind in ("plateau", "multiplier", "attention", "adaptation", "incontext"):
+    elif kind in ("plateau", "multiplier", "attention", "adaptation", "incontext", "curves"):
         plot = __import__(f"experiments.{kind}", fromlist=["plot"]).plot
     else:
         raise UserError(f"{name}.png: no command of this project draws a plot of that name")

@@ -134,6 +134,8 @@ def _check_type(key, value, default, current=None):
     file's, where one set it), is the example the message gives."""
     if default is None or isinstance(default, str) and isinstance(value, str):
         return value
+    if default == "auto" and isinstance(value, bool):  # --compile: auto, or a config file's True / False
+        return value
     if isinstance(default, bool):
         if isinstance(value, bool):
             return value

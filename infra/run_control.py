@@ -219,7 +219,8 @@ class RunControl:
                 diverged = (f"the validation loss is {losses['val']} at iteration {iter_num}; stopped without "
                             f"saving. Last good checkpoint: {self.last_good_checkpoint(iter_num)}")
             else:
-                self.run_log.write({"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"]})
+                self.run_log.write({"iter": iter_num, "train_loss": losses["train"], "val_loss": losses["val"],
+                                   "flops": self.flops_done})  # training FLOPs so far: experiments/curves.py
                 self.last_losses = losses
                 improved, best = losses["val"] < self.best_val_loss, losses["val"] <= self.best_val_loss
                 self.best_val_loss = min(self.best_val_loss, losses["val"])

@@ -302,7 +302,7 @@ def test_resume_refuses_another_objective_and_overwrite_starts_clean(char_datase
 
 def test_bfloat16_on_the_cpu_is_real_and_float16_is_refused(char_dataset, tmp_path):
     config = train.resolve_config(tiny_args(char_dataset, str(tmp_path / "a"), dtype="bfloat16"))
-    dtype, autocast = train.precision(config, "cpu")
+    autocast = train.precision(config["dtype"], "cpu")
     with autocast:
         assert torch.nn.Linear(4, 4)(torch.ones(2, 4)).dtype == torch.bfloat16  # autocast, not a label
     result = train.train(config)
