@@ -168,8 +168,9 @@ def estimate_loss(model, config, splits, specials, device, autocast, stop, log,
 
 
 def precision(dtype, device):
-    """The autocast context of a precision (infra/hardware.py resolves --dtype=auto). Low precision is
-    real or refused: bf16 autocast on CUDA and on the CPU, fp16 (with a loss scaler) on CUDA only."""
+    """The autocast context of a precision (infra/hardware.py resolves --dtype=auto). Low
+    precision is real or refused: bf16 autocast on CUDA and on the CPU, fp16 (with a loss
+    scaler) on CUDA only."""
     device_type = device.split(":")[0]
     if dtype == "float32":
         return nullcontext()
@@ -291,7 +292,7 @@ def prepare(config):
     end_iter = iter_num + planned_iterations(config, raw_model, splits, specials, iter_num)
     start = dict(iter_num=iter_num, end_iter=end_iter, best_val_loss=best_val_loss,
                  flops_done=flops_done,
-                 peak_dtype=getattr(torch, dtype))  # MFU against the peak of the precision it runs in
+                 peak_dtype=getattr(torch, dtype))  # MFU: the peak of the precision it runs in
     return setup, start
 
 

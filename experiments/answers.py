@@ -4,54 +4,70 @@ Printed from the files the answers rest on, so a reader holding the chapter sees
 
     python experiments/answers.py     # trains nothing: under a second of reading (0 minutes), from results/
 
-question 3 (B1): labels decided by the right context, causal readers against bidirectional ones (tagging);
+question 3 (B1, B2): labels decided by the right context, every reader fully fine-tuned and as a frozen probe,
+beside the rules (tagging); then B2, one pretraining and a new head per task: each task's positive control
+(finetune --study);
 question 5 (C2): the [MASK] mismatch, read on inputs without any [MASK] (the study's ablation);
-question 10 (E3): retrieval of documents decided by their last line, and the control with it moved first
-(encoders). Each block is the result file's own table rows, under the file's name: what it prints is what the
-file says, whatever a rerun changed.
+question 10 (E3, X1, F3): the chapter's scenarios for an encoder, each with its positive control (encoders):
+embedding models (retrieval of documents decided by their last line, and the control with it moved first),
+rerankers (a cross-encoder reranking the bi-encoder's top 20), a judgement on the whole input (do two lines
+agree?). Each block is the result file's own lines, under the file's name: what it prints is what the file says,
+whatever a rerun changed.
 """
 import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ANSWERS = [  # question, claim, what it shows, the result file, the text its table follows, the rows shown
+TAGGING, FINETUNE = "results/structural/tagging-cpu.md", "results/study/finetune-cpu.md"
+STUDY, ENCODERS = "results/study/study-cpu.md", "results/structural/encoders-cpu.md"
+ANSWERS = [  # question, claims, what it shows, the result file, the text its lines follow, the table's rows shown
+    # (None: no table; () every row), the lines after it shown (those starting with one of these)
     (3, "B1", "per-character labels decided by what follows: a causal reader's own states against readers that "
-              "see the right context (balanced accuracy)", "results/structural/tagging-cpu.md",
-     "| reader | mode |", ("| gpt (states) | full", "| gpt (echo) | full", "| bert (states) | full",
-                           "| prefixlm (states) | full", "| (rule)")),
+              "see the right context (balanced accuracy; full: fine-tuned, probe: a head on frozen states)",
+     TAGGING, "| reader | mode |", (), ("The prefix rule",)),
+    (3, "B2", "one pretraining, a new head per task (speaker, a tampered line, the next line): does any reader "
+              "pass its positive control?", FINETUNE, "Positive controls", None,
+     tuple(f"- {task} {mode}:" for task in ("speaker", "tampered", "retrieval") for mode in ("probe", "full"))),
     (5, "C2", "inputs with no [MASK] at all (as at fine-tuning): a new linear head on each model's frozen states",
-     "results/study/study-cpu.md", "The measurement: a new linear head", ("| bert |", "| bert-100%-mask |",
-                                                                          "| bert at initialisation |",
-                                                                          "| (rule)")),
+     STUDY, "The measurement: a new linear head", ("| bert |", "| bert-100%-mask |", "| bert at initialisation |",
+                                                   "| (rule)"), ()),
     (10, "E3", "retrieval of documents whose last line decides what they are about; the last column moves that "
-               "line first (the mechanism's control)", "results/structural/encoders-cpu.md",
+               "line first (the mechanism's control). The embedding-model scenario", ENCODERS,
      "## 2. Bi-encoder retrieval", ("| gpt (mean)", "| gpt (last)", "| gpt (echo)", "| bert (mean)",
-                                    "| prefixlm (mean)", "| (rule) n-gram cosine |")),
+                                    "| prefixlm (mean)", "| (rule) n-gram cosine |"), ("Positive control",)),
+    (10, "X1", "the reranker scenario: a cross-encoder reads query and candidate together and reranks the "
+               "bi-encoder's top 20", ENCODERS, "## 3. Reranking", (), ("Positive control",)),
+    (10, "F3", "a judgement on the whole input: do the two lines agree?", ENCODERS, "## 4. A whole-input judgement",
+     (), ("Positive control",)),
 ]
 
 
-def table_after(path, marker, rows):
-    """The header of the first table after `marker` in the file at path, and those of its rows that start with
-    one of `rows`."""
+def lines_after(path, marker, rows, notes):
+    """From the file at path, after `marker` and before the next heading: the header of the first table and
+    those of its rows that start with one of `rows` (every row for (); no table for None), then the lines that
+    start with one of `notes`. None when the marker is not in the file."""
     with open(os.path.join(ROOT, path), encoding="utf-8") as f:
         text = f.read()
     if marker not in text:
         return None
-    lines = text[text.index(marker):].splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith("|")), len(lines))
-    table = []
-    for line in lines[start:]:
-        if not line.startswith("|"):
-            break
-        table.append(line)
-    return table[:1] + [line for line in table[2:] if line.startswith(rows)]
+    lines = text[text.index(marker):].split("\n## ", 1)[0].splitlines()
+    shown = []
+    if rows is not None:
+        start = next((i for i, line in enumerate(lines) if line.startswith("|")), len(lines))
+        table = []
+        for line in lines[start:]:
+            if not line.startswith("|"):
+                break
+            table.append(line)
+        shown = table[:1] + [line for line in table[2:] if line.startswith(rows or "|")]
+    return shown + [line for line in lines if notes and line.startswith(notes)]
 
 
 def main():
-    for number, claim, what, path, marker, rows in ANSWERS:
+    for number, claim, what, path, marker, rows, notes in ANSWERS:
         print(f"question {number} ({claim}): {what}; from {path}:")
-        table = table_after(path, marker, rows) if os.path.exists(os.path.join(ROOT, path)) else None
-        print("\n".join(table) if table else f"  (not measured yet: {path} is missing or holds no such table)")
+        found = lines_after(path, marker, rows, notes) if os.path.exists(os.path.join(ROOT, path)) else None
+        print("\n".join(found) if found else f"  (not measured yet: {path} is missing or holds no such lines)")
         print()
 
 

@@ -2,8 +2,10 @@
 Question: how did my runs learn, side by side? Each run folder's validation loss against iterations and against
 training FLOPs, read from the log.jsonl train.py writes there (one line per evaluation).
 
-    python experiments/curves.py out-cpu-gpt out-cpu-bert               # -> curves.png and curves.json here
-    python experiments/curves.py out-cpu-gpt out-cpu-bert --out=mine.png
+    python experiments/curves.py out-cpu-gpt out-cpu-bert   # -> curves.png and curves.json here, in seconds
+    python experiments/curves.py out-cpu-gpt out-cpu-bert --out=mine.png      # (0 minutes: it reads the logs)
+
+results/logs/curves-cpu-recipe.png is the README's picture: the CPU recipe's gpt and bert, drawn by this command.
 
 Each line is labelled with its architecture, its objective and what its loss averages over. The losses of
 different objectives are not the same quantity (claim C4): gpt's is the cross-entropy of every next character,

@@ -6,7 +6,8 @@ from k demonstrations in its input, and does that need a left-to-right decoder?
                     # 115.5 minutes of training summed, about 70 on the clock (two runs at a time, 2 cores)
     python experiments/incontext.py --jobs=2 --sweep_from=results/study/incontext-cpu-sweep.json
                     # gpt's sweep read from its file, then bert, prefixlm and t5 at the budget found (9 runs at
-                    # 8 x, 12 controls) -> results/study/incontext-cpu.{md,json,png}
+                    # 8 x, 12 controls) -> results/study/incontext-cpu.{md,json,png}: 127.8 minutes on the
+                    # clock (the test suite beside it for part of that time)
     python experiments/incontext.py --jobs=2                     # the same, the sweep trained first
     python experiments/incontext.py --scale=gpu      # one GPU, larger models and budget
     python experiments/incontext.py --quick          # a smoke run in seconds (the test suite runs it) -> out-quick/
