@@ -124,6 +124,12 @@ def mean_val(results, key_of, rate, seeds):
     return float("inf") if None in losses else float(np.mean(losses))
 
 
+def lowest_mean_rates(grids, results, seeds):
+    """{(target, share): the rate of its grid of lowest mean validation loss over the seeds (mean_val)}."""
+    return {(t, f): min(grid, key=lambda r: mean_val(results, lambda r, seed: (t, f, r, seed), r, seeds))
+            for (t, f), grid in grids.items()}
+
+
 def forget_if_stale(run, gpt_folder):
     """A finished adaptation run is reused only if the gpt it started from has not been trained again since."""
     record = os.path.join(run[3]["out_dir"], "study_run.json")
@@ -148,8 +154,7 @@ def adapt_all(s, ss, seeds, shares, gpt_folders, rates, prefix, config, device, 
         if trained is None:
             return None
         results.update(trained)
-        kept = {(t, f): min(grid, key=lambda r: mean_val(results, lambda r, seed: (t, f, r, seed), r, seeds))
-                for (t, f), grid in grids.items()}
+        kept = lowest_mean_rates(grids, results, seeds)
         for (t, f), rate in kept.items():
             if mean_val(results, lambda r, seed: (t, f, r, seed), rate, seeds) == float("inf"):
                 raise UserError(f"{t} from gpt at {f:g}: a seed diverged at every rate tried "
@@ -266,6 +271,23 @@ def values(data, target, share, metric):
         return [r["val_loss"] for r in data["runs"] if (r["target"], r["share"]) == (target, share)
                 and r["val_loss"] is not None]
     return [c[metric] for c in data["cells"] if (c["target"], c["share"]) == (target, share) and metric in c]
+
+
+def continuation_control(data, shares, seeds):
+    """The positive control: gpt continued from each share reaches gpt from scratch (mean own validation loss at
+    most CONTINUATION_MARGIN above it), every seed of both finished. Returns {"passed", "own": {share: mean}}."""
+    gpt_own = {f: mean_std(values(data, "gpt", f, "own"))[0] for f in (0, *shares)}  # (a diverged seed: left out)
+    return {"passed": all(None not in (gpt_own[f], gpt_own[0]) and gpt_own[f] <= gpt_own[0]
+                          + CONTINUATION_MARGIN for f in shares) and len(values(data, "gpt", 0, "own"))
+            == len(seeds) and all(len(values(data, "gpt", f, "own")) == len(seeds) for f in shares),
+            "own": gpt_own}
+
+
+def past_plateau_of(run, control):
+    """A backbone's plateau control: the diffusion model built from gpt (shifted outputs, position 0 never masked)
+    against SHIFTED's reference, every other row against its own target's."""
+    shifted = run["target"] == "diffusion" and run["share"]
+    return metrics.past_plateau(run["val_loss"], control, SHIFTED[0] if shifted else run["target"])
 
 
 def seed_differences(data, target, share):
@@ -544,8 +566,7 @@ def study_part(config, scale, device):
                              "val_loss": last_val_loss(r["out_dir"]), "flops": r["flops"],
                              "gpt_flops": gpt_trained[(f, seed)]["flops"]})
     for run in runs:
-        shifted = run["target"] == "diffusion" and run["share"]
-        run["past_plateau"] = metrics.past_plateau(run["val_loss"], control, SHIFTED[0] if shifted else run["target"])
+        run["past_plateau"] = past_plateau_of(run, control)
     retrieval, read = retrieval_rates(config["encoders_dir"], scale)
     arguments = (config["dataset"], config["seed"], scale, folders, device, retrieval)
     prepare(*arguments)
@@ -571,11 +592,7 @@ def study_part(config, scale, device):
             left = (time.perf_counter() - started) / done * (total - done)
             print(f"[adaptation] scored {len(data['cells'])}/{len(plan)}: {kind}, {row_name(target, share)}, "
                   f"seed {seed}; ~{format_duration(left)} left", flush=True)
-    gpt_own = {f: mean_std(values(data, "gpt", f, "own"))[0] for f in (0, *shares)}  # (a diverged seed: left out)
-    data["control"] = {"passed": all(None not in (gpt_own[f], gpt_own[0]) and gpt_own[f] <= gpt_own[0]
-                                     + CONTINUATION_MARGIN for f in shares) and len(values(data, "gpt", 0, "own"))
-                       == len(seeds) and all(len(values(data, "gpt", f, "own")) == len(seeds) for f in shares),
-                       "own": gpt_own}
+    data["control"] = continuation_control(data, shares, seeds)
     data.update(machine=machine_line(device, config), seconds=time.perf_counter() - t0)
     write_results(config["out_dir"], f"adaptation-{scale}", data, "\n".join(report(data)), plot)
 

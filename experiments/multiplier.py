@@ -80,6 +80,23 @@ def crossing(multiples, values, target, lower_is_better):
     return math.exp(math.log(m0) + share * (math.log(m1) - math.log(m0)))
 
 
+def multipliers(by, seeds, trained_multiples):
+    """Per compared model and metric: gpt's 1 x figure (mean over seeds: its exact bits against diffusion's ELBO)
+    and each seed's crossing of it, read off that seed's own curve. by: runs_by_multiple."""
+    rows = []
+    for name, (label, metric, direction) in COMPARED.items():
+        for metric_name, key, gpt_key in ((label, metric, "bits" if metric == "elbo_bits" else metric),
+                                          *([(PROBE, "probe", "probe")] if name == "bert" else [])):
+            target = float(np.mean([run[gpt_key] for run in by["gpt"]["1"]]))
+            per_seed = []
+            for seed in seeds:
+                ms = trained_multiples[name]
+                values = [next(run[key] for run in by[name][f"{m:g}"] if run["seed"] == seed) for m in ms]
+                per_seed.append(crossing(ms, values, target, direction == "lower"))
+            rows.append({"model": name, "metric": metric_name, "target": target, "per_seed": per_seed})
+    return rows
+
+
 def scores(name, model, windows, blanks, specials, s, probe_windows, seed):
     """The metrics one trained run is compared on (the module's docstring)."""
     b = s["bayes_windows"]  # gpt's exact-Bayes cloze reads these windows only: every reader is scored on them
@@ -250,19 +267,7 @@ def main():
         interrupted = True
     if interrupted:
         raise KeyboardInterrupt  # scoring is minutes: a stop writes nothing (the trained runs are kept)
-    by = data["runs_by_multiple"]
-    data["multipliers"] = []
-    for name, (label, metric, direction) in COMPARED.items():
-        for metric_name, key, gpt_key in ((label, metric, "bits" if metric == "elbo_bits" else metric),
-                                          *([(PROBE, "probe", "probe")] if name == "bert" else [])):
-            target = float(np.mean([run[gpt_key] for run in by["gpt"]["1"]]))
-            per_seed = []
-            for seed in seeds:
-                ms = trained_multiples[name]
-                values = [next(run[key] for run in by[name][f"{m:g}"] if run["seed"] == seed) for m in ms]
-                per_seed.append(crossing(ms, values, target, direction == "lower"))
-            data["multipliers"].append({"model": name, "metric": metric_name, "target": target,
-                                        "per_seed": per_seed})
+    data["multipliers"] = multipliers(data["runs_by_multiple"], seeds, trained_multiples)
     data.update(machine=machine_line(device, config), seconds=time.perf_counter() - t0)
     write_results(config["out_dir"], f"multiplier-{scale}", data, "\n".join(report(data)), plot)
 

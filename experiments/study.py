@@ -240,6 +240,11 @@ def mean_loss(results, name, rate, seeds):
     return math.inf if None in losses else float(np.mean(losses))
 
 
+def lowest_mean_rates(grids, results, seeds):
+    """{name: the rate of its grid of lowest mean validation loss over the seeds (mean_loss)}: every seed counts."""
+    return {name: min(grid, key=lambda lr: mean_loss(results, name, lr, seeds)) for name, grid in grids.items()}
+
+
 def next_rates(grids, chosen, step):
     """Where a model's kept rate is the lowest or highest of its grid, the rate one step beyond it (the best rate
     may lie outside). Returns {name: [the new rate]} for those models only."""
@@ -270,7 +275,7 @@ def rate_sweep(compared, s, seeds, folder, config, device, meta):
         if trained is None:
             return None
         results.update(trained)
-        chosen = {name: min(grid, key=lambda lr: mean_loss(results, name, lr, seeds)) for name, grid in grids.items()}
+        chosen = lowest_mean_rates(grids, results, seeds)
         new = next_rates(grids, chosen, s["rate_step"])
         if not new or round_number == s["rate_extensions"]:
             return grids, results, chosen

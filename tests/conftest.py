@@ -25,7 +25,22 @@ def load_prepare(name):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "optional_packages: behaves differently where transformers or matplotlib "
-                                       "is installed (.ci/run's second step runs these with both)")
+                                       "is installed (.ci/run's last step runs these with both)")
+    config.addinivalue_line("markers", "slow: an end-to-end run (an experiment's smoke scale, several processes, a "
+                                       "stop across processes): python -m pytest -q -m slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    """`python -m pytest -q` is the fast tier: every claim, every exactness check and every one-line error, the
+    end-to-end runs (marked slow) left to `-m slow`. Any -m expression chooses for itself, and a test file or test
+    named on the command line runs whole."""
+    named = any(os.path.isfile(arg.split("::")[0]) for arg in config.args)
+    if config.option.markexpr or named:
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
 
 
 @pytest.fixture(scope="session")
