@@ -412,8 +412,9 @@ def plot(results, path):
         return None
     decoding = results["decoding"]
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name, values in decoding["ms_per_token"].items():
-        ax.plot(decoding["lengths"], values, marker="o", label=name)
+    for k, (name, values) in enumerate(decoding["ms_per_token"].items()):  # each its marker and dash: lines
+        ax.plot(decoding["lengths"], values, marker="os^Dv"[k % 5], linestyle=("-", "--", "-.", ":")[k % 4],
+                markersize=5, label=name, alpha=0.85)  # that share values both show (gpt and prefixlm cached)
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("ms per new token")
     ax.set_title("Decoding cost against context (claim D4)")
