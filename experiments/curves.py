@@ -11,9 +11,10 @@ Each line is labelled with its architecture, its objective and what its loss ave
 different objectives are not the same quantity (claim C4): gpt's is the cross-entropy of every next character,
 a density of the text; bert's covers only the ~15% of characters it masked, each predicted from both sides, so it
 is no density and a lower value does not mean a better model of the text. The grey line is what character
-frequencies alone give on the validation text (a model that learned nothing from context sits there: bert's long
-plateau, results/study/plateau-cpu.md); it is drawn for character-level datasets. Without matplotlib the same
-numbers print as a table (and curves.json is written).
+frequencies alone give on the validation text: where a causal model that learned nothing from context sits. An
+MLM's context-free level is about a tenth lower (a tenth of its targets are shown unchanged in the input, and a
+model can copy them), which is where bert's long plateau sits (results/study/plateau-cpu.md). It is drawn for
+character-level datasets. Without matplotlib the same numbers print as a table (and curves.json is written).
 """
 import json
 import math
@@ -119,7 +120,8 @@ def plot(data, path):
             axis.plot(x, losses, marker=markers[k % len(markers)], markersize=4, label=label(run))
     for axis, xlabel in zip(axes, ("iteration", "training TFLOPs")):
         if data["plateau_nats"] is not None:
-            axis.axhline(data["plateau_nats"], color="grey", linestyle=":", label="character frequencies alone")
+            axis.axhline(data["plateau_nats"], color="grey", linestyle=":",
+                         label="character frequencies alone (an MLM's context-free level: about 0.9 x)")
         axis.set_xlabel(xlabel)
     axes[0].set_ylabel("validation loss (nats; see each label)")
     axes[0].legend(fontsize=7)
