@@ -8,8 +8,10 @@ rotary positions, attention, MLP, block, config (with size presets), model. What
 T5 weights compute differently (post-norm, RMSNorm, T5's relative position bias, ...) is built on
 these modules in infra/published_model.py; GPT-2 needs nothing more.
 
-One attention function (`Attention.forward`) serves self-attention, cross-attention
-and cached decoding.
+One attention function (`Attention.forward`: project, rotate, attend, merge) serves
+self-attention, cross-attention and cached decoding. Beside the chapter, on these modules: the
+attention matrices recorded (infra/attention_maps.py), a gpt made into a diffusion model
+(infra/adaptation.py).
 
     python model.py     # claims B3 (the published sizes), A1 (one set of modules) and D5 (NoPE)
 """
@@ -24,11 +26,9 @@ import masks
 
 IGNORE_INDEX = -100  # targets equal to this carry no loss (unsupervised positions)
 
-# The whole difference between the single-stack architectures (claim A1): the attention kind
-# (masks.py) of each
+# The whole difference between the single-stack architectures (claim A1): their masks (masks.py)
 ATTENTION_OF_ARCH = {"gpt": "causal", "bert": "bidirectional", "prefixlm": "prefix"}
-ARCHS = ("gpt", "bert", "prefixlm", "t5")  # t5: bidirectional encoder + causal decoder +
-                                           # cross-attention (A1, A2)
+ARCHS = ("gpt", "bert", "prefixlm", "t5")  # t5: encoder, decoder, cross-attention (A1, A2)
 POSITION_KINDS = ("learned", "rope", "none")  # "none" is NoPE (claim D5)
 
 
@@ -52,26 +52,11 @@ class RotaryPositions(nn.Module):
         return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
 
-def explicit_attention_probabilities(q, k, attn_mask=None, is_causal=False, scale=None):
-    """The plain reference: softmax(q k^T * scale + mask), (B, nh, Tq, Tk), scale = 1/sqrt(d) unless
-    given. SDPA computes the same thing without materialising it; tests check the two agree, and the
-    claim D3 analysis reads these matrices. A boolean mask hides keys; a float mask is added to the
-    scores (T5's position bias)."""
-    scores = q @ k.transpose(-2, -1) * (1 / math.sqrt(q.size(-1)) if scale is None else scale)
-    if is_causal:  # only used with Tq == Tk (masks.attention_mask guarantees it)
-        attn_mask = masks.causal_mask(q.size(-2), k.size(-2), q.device)
-    if attn_mask is not None and attn_mask.dtype == torch.bool:
-        scores = scores.masked_fill(~attn_mask, float("-inf"))
-    elif attn_mask is not None:
-        scores = scores + attn_mask
-    return torch.softmax(scores.float(), dim=-1)
-
-
 class Attention(nn.Module):
-    """Multi-head attention. Queries, keys and values come from `x` (self-attention), or the keys
-    and values are given: `memory_kv`, t5's cross-attention, the K/V of the encoder output computed
-    once. An optional `cache` (kvcache.LayerCache) stores self-attention K/V across calls. `mask` is
-    (attn_mask, is_causal), as masks.attention_mask returns it."""
+    """Multi-head attention: project, rotate, attend, merge. Queries, keys and values come from `x`
+    (self-attention), or the keys and values are given: `memory_kv`, t5's cross-attention, the K/V
+    of the encoder output computed once. An optional `cache` (kvcache.LayerCache) keeps the K/V of
+    self-attention across calls; `mask` is (attn_mask, is_causal) from masks.attention_mask."""
 
     def __init__(self, config):
         super().__init__()
@@ -81,8 +66,6 @@ class Attention(nn.Module):
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.proj.residual_output = True  # scaled init, as GPT-2
         self.resid_dropout = nn.Dropout(config.dropout)
-        self.record_probabilities = False  # set True to keep the attention matrix (analysis, tests)
-        self.probabilities = None
 
     def split_heads(self, t):
         B, T, C = t.shape
@@ -93,26 +76,28 @@ class Attention(nn.Module):
         k, v = self.key_value(source).split(source.size(-1), dim=2)
         return self.split_heads(k), self.split_heads(v)
 
+    def attend(self, q, k, v, mask):
+        """softmax(q k^T / sqrt(hs) + mask) v, (B, nh, T, hs), by SDPA: the (T, Tk) matrix is never
+        written out (infra/attention_maps.py records it, computed explicitly)."""
+        attn_mask, is_causal = mask
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                              dropout_p=self.dropout if self.training else 0.0)
+
     def forward(self, x, mask=(None, False), rotary=None, start=0, cache=None, memory_kv=None):
         B, T, C = x.shape
-        attn_mask, is_causal = mask
         q = self.split_heads(self.query(x))  # (B, nh, T, hs)
         if memory_kv is not None:
             k, v = memory_kv  # t5's cross-attention: the encoder output never changes
         else:
             k, v = self.keys_and_values(x)  # (B, nh, T, hs)
-            if rotary is not None:
+            if rotary is not None:  # rotary positions turn q and k by their positions
                 q, k = rotary(q, start), rotary(k, start)
             if cache is not None:
                 # claim D4: under a causal mask the K/V of position i depend only on tokens 0..i, so
                 # the cache keeps them and the new queries attend to [cached ; new]
                 k, v = cache.update(k, v)  # (B, nh, start+T, hs)
-        if self.record_probabilities:
-            probabilities = explicit_attention_probabilities(q, k, attn_mask, is_causal)
-            self.probabilities = probabilities.detach()
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                                           dropout_p=self.dropout if self.training else 0.0)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, nh, T, hs) -> (B, T, C)
+        y = self.attend(q, k, v, mask)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # merge the heads: (B, T, C)
         return self.resid_dropout(self.proj(y))
 
 
@@ -167,10 +152,9 @@ class ModelConfig:
     dropout: float = 0.0
     bias: bool = True           # biases in Linear and LayerNorm
     position: str = "learned"   # learned | rope | none (NoPE, claim D5)
-    init_std: float = 0.02      # GPT-2's N(0, 0.02) for every weight
-                                # (experiments/plateau.py varies it)
-    shift_logits: bool = False  # a diffusion model adapted from gpt: position i - 1's
-                                # output scores token i
+    init_std: float = 0.02      # GPT-2's N(0, 0.02), every weight (experiments/plateau.py: others)
+    shift_logits: bool = False  # a diffusion model adapted from gpt: position i - 1's output
+                                # scores token i (infra/adaptation.py's DiffusionFromGpt)
 
     def __post_init__(self):
         if self.d_ff == 0:
@@ -179,8 +163,7 @@ class ModelConfig:
             self.n_decoder_layer = self.n_layer
 
     def validate(self):
-        """Raise ValueError with a one-line, actionable message for a config that
-        cannot be built."""
+        """Raise ValueError, one actionable line, for a config that cannot be built."""
         if self.arch not in ARCHS:
             raise ValueError(f"unknown arch {self.arch!r}: choose one of {', '.join(ARCHS)}")
         if self.position not in POSITION_KINDS:
@@ -205,8 +188,7 @@ class ModelConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
 
 
-# Published sizes
-# (parameter counts checked in tests/test_model.py against the reference implementations):
+# Published sizes (parameter counts checked in tests/test_model.py against the references):
 PRESETS = {
     # GPT-2 small: 124,439,808 parameters (HF GPT2LMHeadModel, tied embeddings)
     "gpt2": dict(arch="gpt", vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768),
@@ -230,8 +212,7 @@ class Transformer(nn.Module):
         config.validate()
         self.config = config
         self.token_embedding = nn.Embedding(config.vocab_size, config.n_embd)
-        if config.position == "learned":
-            # shared by both t5 stacks
+        if config.position == "learned":  # one table, shared by both t5 stacks
             self.position_embedding = nn.Embedding(config.block_size, config.n_embd)
         self.rotary = (RotaryPositions(config.n_embd // config.n_head, config.block_size)
                        if config.position == "rope" else None)
@@ -259,23 +240,6 @@ class Transformer(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
 
-    def attention_maps(self, ids, prefix_length=None):
-        """Every layer's attention probabilities for ids: a list of (B, nh, T, T),
-        computed explicitly."""
-        layers = [block.attention for block in self.blocks]
-        for attention in layers:
-            attention.record_probabilities = True
-        try:
-            with torch.no_grad():
-                if self.config.arch == "t5":
-                    self.encode(ids)
-                else:
-                    self.run_stack(ids, prefix_length)
-            return [attention.probabilities for attention in layers]
-        finally:
-            for attention in layers:
-                attention.record_probabilities, attention.probabilities = False, None
-
     def num_parameters(self, exclude_positions=False):
         n = sum(p.numel() for p in self.parameters())  # parameters() yields the tied weight once
         if exclude_positions and self.config.position == "learned":
@@ -295,13 +259,12 @@ class Transformer(nn.Module):
     def run_stack(self, ids, prefix_length=None, lengths=None, cache=None, attention=None):
         """gpt / bert / prefixlm: one stack, the mask picked by the arch. Returns the final hidden
         states. lengths (B,): the real length of each row of right-padded ids (padded keys hidden).
-        attention: a (T, T) boolean mask used instead of the arch's (a gpt being opened into a
-        diffusion model: masks.annealed_mask)."""
+        attention: a (T, T) boolean mask used instead of the arch's (claim A1: the arch is only its
+        mask; a gpt opened step by step into a diffusion model, infra/adaptation.py)."""
         start = cache.length if cache is not None else 0
         x = self.embed(ids, start)  # (B, T, C)
         T = ids.size(1)
-        # the one line where gpt, bert and prefixlm differ (claim A1): the
-        # attention kind of the arch
+        # the one line where gpt, bert and prefixlm differ (claim A1): the arch's attention kind
         mask = masks.attention_mask(ATTENTION_OF_ARCH[self.config.arch], T, start + T,
                                     prefix_length=prefix_length, lengths=lengths, device=ids.device)
         if attention is not None:  # a mask given instead (training windows: no padding to hide)
@@ -360,12 +323,6 @@ class Transformer(nn.Module):
         else:
             hidden = self.run_stack(inputs, prefix_length, lengths, attention=attention)
         logits = self.logits(hidden)  # (B, T, V): every position, MLM needs them all
-        if self.config.shift_logits:
-            # adapted from gpt (DiffuGPT): gpt's head at i - 1 goes on predicting token i;
-            # realigned so that row i scores token i as in every other model. Row 0 has no position
-            # before it: it is uniform, and the diffusion objective never masks
-            # position 0 of such a model
-            logits = torch.cat([torch.zeros_like(logits[:, :1]), logits[:, :-1]], dim=1)
         if targets is None:
             return logits, None
         return logits, self.loss(logits, targets, loss_weights)

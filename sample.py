@@ -16,11 +16,11 @@ a normalised distribution (python objectives.py chains two), but the orders disa
 no single joint (claim C4), so there is no one p(x) to sample left to right. bert fills [MASK]
 placeholders by iterative unmasking instead (`unmask`, `iterative_unmask`), which is also the
 sampler of a masked-diffusion model (--objective=diffusion). Read top to bottom: one token from
-logits, the left-to-right samplers, the unmasking samplers, then the command. Every run prints the
-text, the number of forward passes and the decode speed.
+logits, the left-to-right samplers, the unmasking samplers, then the command (what it reads, refuses
+and chooses before a sampler runs: infra/sample_options.py). Every run prints the text, the number
+of forward passes and the decode speed.
 """
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -31,16 +31,13 @@ import infra.quiet_interrupts  # noqa: E402,F401
 
 import torch
 
-from infra.checkpoint import load_model
-from infra.configurator import (UserError, apply_overrides, check_compiler, pick_device,
-                                 read_text_file, run_main)
-from infra.hardware import compile_option
-from infra.decode_layout import COMPILED_MAX_ROWS, compile_pays, decoding_step, runs_compiled_step
-from infra.pretrained import tokenizer_for
+from infra.configurator import run_main
+from infra.decode_layout import fastest_decoding_step
 from infra.progress import StopSignalsWithProgress
+from infra.sample_options import (check_request, compile_choice, decoding_note, load_weights,
+                                  prompt_ids, resolve_options)
 import kvcache
 from model import ATTENTION_OF_ARCH
-from objectives import Specials
 
 DEFAULTS = dict(
     init_from="",             # "" = the checkpoint in out_dir; or gpt2, bert-base-uncased,
@@ -198,8 +195,7 @@ def generate(model, prompt, max_new_tokens, sampling=Sampling(), stop=None, comp
     rows = sequence.size(0)
     # kvcache.decode_step, run where it is fastest: its weights prepacked for this CPU, or the step
     # compiled (infra/decode_layout.py: speed only, the same tokens)
-    one_position, layout = decoding_step(model, compiled, rows)
-    with layout:
+    with fastest_decoding_step(model, compiled, rows) as one_position:
         block_size = model.config.block_size
         if one_prompt(model, prompt, sequence):
             cache, logits = prefill_window(model, sequence[:1], prompt)
@@ -304,16 +300,6 @@ def iterative_unmask(model, x, to_fill, steps, sampling=Sampling(), stop=None):
 
 # ----------------------------------------------------------------------------- the command
 
-def read_prompt(start):
-    """--start: the prompt as typed, or FILE:path to read it from a text file."""
-    return read_text_file(start[5:], "prompt file") if start.startswith("FILE:") else start
-
-
-COMPILED_NOTE = (", compiled decoding step (the time includes compiling it once per process: "
-                 "seconds; on a CPU, 30-50 s for a model 256 wide or wider, whose weights are "
-                 "frozen into tuned kernels)")
-
-
 def generate_left_to_right(model, ids, objective, specials, config, generator, stop):
     """gpt / prefixlm / t5: one new token per forward pass, with the KV cache (or recomputing,
     --no_cache). Returns (texts' token lists, what ran)."""
@@ -338,16 +324,12 @@ def generate_left_to_right(model, ids, objective, specials, config, generator, s
         tokens = generate_uncached(model, prompt, config["max_new_tokens"], sampling, stop)
         how = "encoder + decoder recomputed per token" if t5 else "full recomputation per token"
     else:
-        compiled = compile_choice(config, model, device)  # --compile: True, False or auto
+        # --compile: True, False or auto (infra/sample_options.py)
+        compiled = compile_choice(config, model, device)
         tokens = generate(model, prompt, config["max_new_tokens"], sampling, stop, compiled)
-        how = "KV cache (one shared prefill, one position per step)"
-        if t5:
-            how = "encoder once, cached decoder"
-        if compiled and not runs_compiled_step(model, rows):
-            how += (f", the eager step (--compile=True: with more than {COMPILED_MAX_ROWS} rows "
-                    "on a CPU it is the faster)")
-        elif compiled:
-            how += COMPILED_NOTE
+        how = "encoder once, cached decoder" if t5 else \
+            "KV cache (one shared prefill, one position per step)"
+        how += decoding_note(model, rows, compiled)  # which step decoded, if compiled
     return [row[1 if t5 else len(source):] for row in tokens.tolist()], how
 
 
@@ -368,138 +350,52 @@ def generate_by_unmasking(model, ids, specials, config, generator, stop):
     return [row[len(ids):] for row in tokens.tolist()], how, passes
 
 
-def what_trained_it(path, checkpoint):
-    """The line printed before the samples: which run wrote these weights and how far it got; a
-    warning when they are untrained or the run stopped early
-    (the samples then say little about the arch)."""
-    config, done, loss = checkpoint["config"], checkpoint["iter_num"], checkpoint["best_val_loss"]
-    line = (f"{path}: {config['arch']} ({config['objective']}), trained {done} of "
-            f"{config['max_iters']} iterations")
-    if loss is not None and math.isfinite(loss):
-        line += f", best val loss {loss:.4f}"
-    if done == 0:
-        line += ("\nwarning: these weights are untrained (saved at iteration 0): the samples are "
-                 "noise")
-    elif done < config["max_iters"] and not config.get("max_flops"):
-        line += (f"\nwarning: its run stopped at iteration {done} of {config['max_iters']}: train "
-                 "on with the same train.py command plus --init_from=resume")
-    return line
-
-
-def check_sample_config(config, arch, prompt_tokens, block_size, objective):
-    for key in ("num_samples", "max_new_tokens", "steps"):
-        if config[key] < 1:
-            raise UserError(f"--{key} must be at least 1, got {config[key]}")
-    if config["temperature"] < 0 or config["top_k"] < 0 or config["block_length"] < 0:
-        raise UserError("--temperature, --top_k and --block_length must not be negative")
-    if 0 < config["temperature"] < 1e-3:
-        raise UserError(f"--temperature={config['temperature']} is too small to sample with: use 0 "
-                        "for greedy")
-    if config["temperature"] > 1e3:
-        # logits / temperature would underflow to a uniform draw (overflow past 3e38)
-        raise UserError(f"--temperature={config['temperature']} is too large: from ~100 on every "
-                        "token is already about equally likely; use at most 1000")
-    if config["order"] not in UNMASK_ORDERS:
-        raise UserError(f"--order={config['order']}: choose {', '.join(UNMASK_ORDERS)}")
-    unmasking_only = [k for k in ("steps", "order", "block_length") if config[k] != DEFAULTS[k]]
-    if arch != "bert" and unmasking_only:
-        raise UserError(f"--{unmasking_only[0]} is for iterative unmasking (bert); {arch} "
-                        "generates left to right: drop it")
-    if config["compile"] is True and (arch == "bert" or config["no_cache"]):
-        raise UserError("--compile=True compiles the cached one-token decoding step: "
-                        + ("bert has no such step (claim D4), drop --compile" if arch == "bert" else
-                           "it does not apply with --no_cache, drop one of them"))
-    if arch == "bert" and config["no_cache"]:
-        raise UserError("--no_cache does not apply to bert: it has no cache to turn off (claim "
-                        "D4), every pass recomputes the whole sequence")
-    # added: UL2's mode token; a sentinel and [EOS]
-    extra = {"ul2": 1, "span_corruption": 2}.get(objective, 0)
-    if prompt_tokens + extra > block_size:
-        added = {1: " + UL2's mode token",
-                 2: " + the sentinel and [EOS] of span corruption"}.get(extra, "")
-        raise UserError(f"the prompt has {prompt_tokens} tokens{added}, but the model's context is "
-                        f"{block_size}: shorten it")
-    if arch == "bert" and prompt_tokens + config["max_new_tokens"] > block_size:
-        raise UserError(f"bert fills masks inside its context: prompt ({prompt_tokens}) + "
-                        f"--max_new_tokens ({config['max_new_tokens']}) must be at most "
-                        f"{block_size}")
-
-
-def compile_choice(config, model, device):
-    """--compile as a bool: True or False as given; auto, whether this generation repays
-    compiling the decoding step (infra/decode_layout.compile_pays, from what bench.py measured)
-    where a compiler can build it. Same tokens either way."""
-    if config["compile"] != "auto":
-        return config["compile"]
-    if model.config.arch == "bert" or config["no_cache"]:  # no cached step to compile (claim D4)
-        return False
-    try:
-        check_compiler(device)
-    except UserError:
-        return False  # no C++ compiler: auto decodes eagerly
-    return compile_pays(model, config["num_samples"], config["max_new_tokens"])
-
-
-def check_memory(model, config, prompt_tokens):
-    """Refuse, before allocating, what cannot fit: the tokens of every sample and one KV cache
-    row per sample."""
-    c = model.config
-    layers = c.n_layer + c.n_decoder_layer
-    rows = config["num_samples"]
-    needed = rows * (prompt_tokens + config["max_new_tokens"]) * 8 * 2 \
-        + rows * layers * 2 * c.block_size * c.n_embd * 4 + rows * c.vocab_size * 4 * 4
-    available = float("inf")
-    if hasattr(os, "sysconf"):
-        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if needed > available / 2:
-        raise UserError(f"--num_samples={rows} x --max_new_tokens={config['max_new_tokens']} need "
-                        f"about {needed / 2 ** 30:,.1f} GiB, more than half of this machine's "
-                        f"{available / 2 ** 30:,.0f} GiB: ask for fewer")
+def report(text, new_tokens, tokenizer, arch, objective, config, seconds, how, passes,
+           interrupted):
+    """What a run prints after generating: each sample, then the speed line (tokens/s, how they
+    were made, forward passes per sample), and what an interruption left undone."""
+    for row in new_tokens:
+        if arch == "t5" or objective == "span_corruption":  # what fills the span, up to its [EOS]
+            print(text + " => " + tokenizer.decode(row).split("[EOS]")[0])
+        else:
+            print(text + tokenizer.decode(row))
+        print("---------------")
+    num_samples, max_new_tokens = config["num_samples"], config["max_new_tokens"]
+    made = len(new_tokens[0]) if arch != "bert" else max_new_tokens
+    print(f"{arch} ({objective}): {num_samples} x {made} tokens in {seconds:.2f} s = "
+          f"{num_samples * made / seconds:,.1f} tokens/s; {how}; {passes} forward passes per "
+          "sample")
+    if arch == "bert" and objective == "mlm":
+        # claims A3, C4: no next-token exit, conditionals that need not agree
+        print("note: expect near-noise text from an MLM at this size: trained with 15% of a "
+              "window masked, it now reads a window whose new part is all [MASK], and each pass "
+              "fills several positions from separate per-position guesses that need not agree "
+              "(masked diffusion trains on every masking rate: --objective=diffusion; "
+              "docs/chapter.md, question 6)")
+    if interrupted and arch == "bert":
+        print(f"interrupted after {passes} passes: the [MASK]s shown were not filled")
+    elif interrupted:
+        print(f"interrupted: {made} of {max_new_tokens} new tokens generated; the rest were not")
 
 
 def main():
-    config = apply_overrides(DEFAULTS, sys.argv[1:])
-    # what a process on its own reads
-    alone = (("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", "0"))
-    if any(os.environ.get(key, value) != value for key, value in alone):
-        # one of a torchrun job's processes:
-        # each would write the same samples
-        raise UserError("sample.py runs in one process: start it with python, not under torchrun "
-                        "or infra.parallel")
-    config["compile"] = compile_option(config["compile"])  # "auto", True or False
-    device = pick_device(config["device"])
-    if config["compile"] is True:
-        check_compiler(device)
-    if config["init_from"]:  # published weights (pretrained.py); transformers is needed only here
-        from infra.pretrained import load_for_sampling
-        model, tokenizer, specials = load_for_sampling(config["init_from"], device)
-        arch, objective = model.config.arch, "pretrained"
-    else:
-        path = os.path.join(config["out_dir"], config["checkpoint"])
-        model, checkpoint = load_model(path, device)
-        arch, meta = model.config.arch, checkpoint["meta"]
-        objective = checkpoint["config"].get("objective")
-        specials, tokenizer = Specials.from_meta(meta), tokenizer_for(meta)
-    text = read_prompt(config["start"])
-    if not text:
-        raise UserError("the prompt is empty: pass --start=<text> (or FILE:path)")
-    ids = tokenizer.encode(text)
-    if not ids:
-        # a published tokenizer may drop what it has no token for (a lone newline, for BERT's)
-        raise UserError(f"the prompt {text!r} encodes to no tokens: pass --start=<some text> (or "
-                        "FILE:path)")
-    check_sample_config(config, arch, len(ids), model.config.block_size, objective)
-    check_memory(model, config, len(ids))
-    if not config["init_from"]:  # (after every refusal: a refused command prints only its one line)
-        print(what_trained_it(path, checkpoint), flush=True)
+    # the options (one line refuses what cannot be honoured), the weights (train.py's checkpoint,
+    # or published ones: --init_from) and the prompt, in infra/sample_options.py
+    config, device = resolve_options(sys.argv[1:], DEFAULTS)
+    weights = load_weights(config, device)
+    model, specials, objective = weights.model, weights.specials, weights.objective
+    arch = model.config.arch
+    text, ids = prompt_ids(config["start"], weights.tokenizer)
+    check_request(config, DEFAULTS, UNMASK_ORDERS, model, len(ids), objective)
+    if weights.trained:  # (after every refusal: a refused command prints only its one line)
+        print(weights.trained, flush=True)
     torch.manual_seed(config["seed"])
     generator = torch.Generator(device=device).manual_seed(config["seed"])
-    num_samples, max_new_tokens = config["num_samples"], config["max_new_tokens"]
 
     t0 = time.perf_counter()
     # (a line every 5 s says how far it is)
-    steps = config["steps"] if arch == "bert" else max_new_tokens
-    what = "unmasking passes" if arch == "bert" else f"tokens of {num_samples} sample(s)"
+    steps = config["steps"] if arch == "bert" else config["max_new_tokens"]
+    what = "unmasking passes" if arch == "bert" else f"tokens of {config['num_samples']} sample(s)"
     with StopSignalsWithProgress("stopping: printing what was generated so far", what,
                                  steps) as stop:
         if arch == "bert":
@@ -512,27 +408,8 @@ def main():
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    for row in new_tokens:
-        if arch == "t5" or objective == "span_corruption":  # what fills the span, up to its [EOS]
-            print(text + " => " + tokenizer.decode(row).split("[EOS]")[0])
-        else:
-            print(text + tokenizer.decode(row))
-        print("---------------")
-    made = len(new_tokens[0]) if arch != "bert" else max_new_tokens
-    print(f"{arch} ({objective}): {num_samples} x {made} tokens in {seconds:.2f} s = "
-          f"{num_samples * made / seconds:,.1f} tokens/s; {how}; {passes} forward passes per "
-          "sample")
-    if arch == "bert" and objective == "mlm":
-        # claims A3, C4: no next-token exit, conditionals that need not agree
-        print("note: expect near-noise text from an MLM at this size: trained with 15% of a "
-              "window masked, it now reads a window whose new part is all [MASK], and each pass "
-              "fills several positions from separate per-position guesses that need not agree "
-              "(masked diffusion trains on every masking rate: --objective=diffusion; "
-              "docs/chapter.md, question 6)")
-    if stop.requested and arch == "bert":  # (.requested: asking `if stop:` would count a step)
-        print(f"interrupted after {passes} passes: the [MASK]s shown were not filled")
-    elif stop.requested:
-        print(f"interrupted: {made} of {max_new_tokens} new tokens generated; the rest were not")
+    report(text, new_tokens, weights.tokenizer, arch, objective, config, seconds, how, passes,
+           stop.requested)  # (.requested: asking `if stop:` would count a step)
     if stop.requested:
         sys.exit(130)  # a stop, after printing what it had: every command's stop status
                        # (docs/reliability.md)

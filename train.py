@@ -11,12 +11,15 @@ Train any of the four architectures with one command and one training loop:
         # the same, a failure one line (no torchrun traceback) and its status
 
 Defaults are at the top; a config/*.py file and --key=value override them. The loop is the same for
-every arch: windows of text -> the objective makes a Batch (`batch_for`) ->
+every arch: windows of text -> the objective makes a Batch (`batch_for`; a gpt being opened into a
+diffusion model gets its step's attention mask with it, infra/adaptation.py's `training_batch`) ->
 `model(**batch.model_inputs())` -> loss. Each log line reports the loss in the objective's own
 units, ms/iter, tokens/s, *supervised* tokens/s (claim C1: the loss is only on the positions the
 objective supervises) and MFU against the matmul rate this machine measured at start. What a run
 must agree on and keep track of beside learning (stops, the master's decisions, divergence, the time
-left, the out_dir) is infra/run_control.py; checkpoints and exact resume are infra/checkpoint.py.
+left, the out_dir) is infra/run_control.py, which the loop asks four things: `run.evaluate`,
+`run.save`, `run.should_stop`, `run.log_step`; checkpoints and exact resume are
+infra/checkpoint.py.
 """
 import math
 import os
@@ -32,9 +35,9 @@ import infra.quiet_interrupts  # noqa: E402,F401
 import numpy as np
 import torch
 
-import masks
 import objectives
 from objectives import batch_for
+from infra.adaptation import adapted_model, training_batch
 from infra.checkpoint import (CheckpointWriteFailed, check_resume, load_checkpoint,
                               model_from_checkpoint, restore_training_state, rng_state)
 from infra.configurator import UserError, apply_overrides, run_main
@@ -42,9 +45,7 @@ from infra.hardware import compile_option, run_choices
 from infra.dataset import get_windows, load_dataset
 from infra.parallel import Processes, peer_lost_line, run_under_torchrun, under_torchrun
 from infra.progress import Progress
-from infra.progress import format_duration
-from infra.run_control import (RunControl, TrainingDiverged, is_cpu_recipe, loss_in_bits,
-                                out_of_memory_line)
+from infra.run_control import RunControl, TrainingDiverged, is_cpu_recipe, out_of_memory_line
 from infra.train_config import check_objective_fits_dataset, check_training_config, model_config
 from model import Transformer, describe
 
@@ -203,10 +204,10 @@ def build_model(config, checkpoint, meta):
         # comes from this run
         checkpoint["model_config"]["dropout"] = config["dropout"]
         return model_from_checkpoint(checkpoint, os.path.join(config["out_dir"], "ckpt.pt"))
-    if os.path.exists(os.path.join(config["init_from"], "ckpt.pt")):
-        # a trained gpt, adapted (claim G1)
-        from infra.adaptation import adapted_model
-        return adapted_model(config, meta)
+    gpt = os.path.join(config["init_from"], "ckpt.pt")
+    if os.path.exists(gpt):  # a trained gpt, its weights in this arch's modules (claim G1)
+        source = load_checkpoint(gpt)
+        return adapted_model(config, meta, source, model_from_checkpoint(source, gpt))
     if config["init_from"] != "scratch":
         # published GPT-2, BERT or T5 weights, fine-tuned (infra/pretrained.py)
         from infra.pretrained import load_for_training
@@ -308,59 +309,43 @@ def checkpoint_state(config, setup, run, iter_num):
 def loop(config, setup, run):
     """The training loop: learning rate, evaluate and save, micro-steps, clip, step, log. Returns
     the iteration it ended at. `run` (infra/run_control.py) keeps the counters and makes
-    every process agree."""
+    every process agree: the loop asks it four things, to evaluate, to save, whether to stop and
+    to log a step."""
     model, optimizer, scaler = setup.model, setup.optimizer, setup.scaler
-    autocast, log = setup.autocast, setup.log
     iter_num, micro_steps = run.first_iter, setup.micro_steps
     while True:
         # ---- learning rate
         lr = learning_rate_at(iter_num, config)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        # ---- evaluate and save: the master evaluates, every process follows its decision
-        if iter_num % config["eval_interval"] == 0 or run.finished(iter_num):
-            run.check_losses()  # a training loss gone non-finite since the last check stops
-                                # every process here
-            losses = None
-            if run.evaluates():  # the master, unless the run is stopping
-                # None when a stop comes during it: an evaluation is only worth something whole
-                losses = estimate_loss(setup.raw_model, config, setup.splits, setup.specials,
-                                       setup.device, autocast, run.signals, log,
-                                       run.project if iter_num == run.first_iter else None)
-                if losses is not None and all(math.isfinite(v) for v in losses.values()):
-                    log(f"step {iter_num}: train loss {losses['train']:.4f}, val loss "
-                        f"{losses['val']:.4f}"
-                        + loss_in_bits(config["objective"], losses["val"]), flush=True)
+        # ---- evaluate and save, every eval_interval iterations and at the end: the master
+        # evaluates (a training loss gone non-finite since the last check stops every process
+        # first), every process follows its decision
+        if run.evaluate(iter_num, lambda signals, project: estimate_loss(
+                setup.raw_model, config, setup.splits, setup.specials, setup.device,
+                setup.autocast, signals, setup.log, project)):
             # log.jsonl; ckpt.pt, and best.pt when the validation loss improved; a non-finite loss
             # stops every process here, without saving
-            run.record_and_save(iter_num, losses,
-                                lambda: checkpoint_state(config, setup, run, iter_num))
-        if run.finished(iter_num) or config["eval_only"]:
+            run.save(iter_num, lambda: checkpoint_state(config, setup, run, iter_num))
+        if run.should_stop(iter_num) or config["eval_only"]:
             return iter_num
         # ---- one optimisation step: micro-steps (gradient accumulation), clip, step
         step_tokens = step_supervised = step_flops = 0
         for micro_step in range(micro_steps):
             windows = get_windows(setup.splits["train"], config["batch_size"], config["block_size"],
                                   setup.data_rng)
-            batch = batch_for(config, windows, setup.specials, setup.objective_rng)
+            # the objective's batch (objectives.batch_for), with whatever attention mask it
+            # carries (a gpt being opened into a diffusion model: infra/adaptation.py)
+            batch = training_batch(config, windows, setup.specials, setup.objective_rng, iter_num)
             step_tokens += batch.processed_positions()
             # claim C1: what the loss actually reads
             step_supervised += batch.supervised_positions()
             step_flops += setup.raw_model.training_flops(batch)
-            inputs = batch.to(setup.device).model_inputs()
-            opened = 1.0
-            if config["anneal_steps"]:
-                opened = masks.annealed_fraction(iter_num, config["anneal_steps"])
-            if opened < 1:
-                # gpt -> diffusion: attention opened from causal towards full, step by
-                # step (then bert's)
-                inputs["attention"] = masks.annealed_mask(config["block_size"], opened,
-                                                          setup.objective_rng, setup.device)
             if setup.processes.ddp:
                 # average gradients once per step, on the last micro-step, not on every one
                 model.require_backward_grad_sync = micro_step == micro_steps - 1
-            with autocast:
-                _, loss = model(**inputs)
+            with setup.autocast:
+                _, loss = model(**batch.to(setup.device).model_inputs())
                 loss = loss / micro_steps  # the accumulated gradient is the mean over micro-steps
             scaler.scale(loss).backward()
         if config["grad_clip"] > 0:
@@ -369,14 +354,10 @@ def loop(config, setup, run):
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)  # frees the gradients' memory until the next backward
-        # ---- count and log: the processes agree on the totals and on stopping
-        line = run.step_done(iter_num, loss.detach() * micro_steps, step_flops, step_tokens,
-                             step_supervised)
-        if line:  # every log_interval iterations, or every SECONDS_BETWEEN_LINES of a slow run
-            log(f"iter {iter_num}: loss {line.loss:.4f}, {line.dt * 1000:.1f} ms/iter, "
-                f"{line.tokens / line.dt:,.0f} tok/s, {line.supervised / line.dt:,.0f} supervised "
-                f"tok/s, {line.mfu}, {1 / line.dt:.2f} it/s, ~{format_duration(line.left)} "
-                "left", flush=True)
+        # ---- count and log: the processes agree on the totals and on stopping; every
+        # log_interval iterations (or SECONDS_BETWEEN_LINES of a slow run) the log line
+        run.log_step(iter_num, loss.detach() * micro_steps, step_flops, step_tokens,
+                     step_supervised)
         iter_num += 1
 
 

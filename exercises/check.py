@@ -94,6 +94,7 @@ def check_1():
     """masks.attention_mask("window", Tq, Tk, window=W): query i (bottom-right aligned) sees keys j with
     i - W < j <= i; a gpt with ModelConfig(window=W) uses it, and cached decoding equals recomputation."""
     import masks
+    from infra.attention_maps import attention_maps
     from model import ModelConfig
     expect("window" in getattr(masks, "ATTENTION_KINDS", ()), "masks.ATTENTION_KINDS has no \"window\" kind yet")
     for Tq, Tk, W in ((6, 6, 2), (3, 8, 3), (1, 9, 4), (5, 5, 9)):
@@ -110,7 +111,7 @@ def check_1():
     expect("window" in ModelConfig.__dataclass_fields__, "ModelConfig has no window field yet")
     model = tiny("gpt", window=3)
     ids = torch.randint(0, 20, (2, 12), generator=torch.Generator().manual_seed(1))
-    probabilities = model.attention_maps(ids)[0]
+    probabilities = attention_maps(model, ids)[0]
     i, j = torch.arange(12)[:, None], torch.arange(12)[None, :]
     expect(bool((probabilities[..., ~((j <= i) & (j > i - 3))] == 0).all()), "a window-3 gpt attends outside its window")
     expect(cached_equals_recomputed(model, ids), "cached decoding with a window differs from recomputation")
@@ -171,7 +172,8 @@ def check_3():
 def check_4():
     """ModelConfig(position="alibi"): head h adds -slope_h * (i - j) to the score of query i and key j, slopes
     2^(-8 (h + 1) / n_head); no position parameters; cached decoding equals recomputation."""
-    from model import POSITION_KINDS, explicit_attention_probabilities
+    from infra.attention_maps import attention_maps, explicit_attention_probabilities
+    from model import POSITION_KINDS
     expect("alibi" in POSITION_KINDS, "model.POSITION_KINDS has no \"alibi\" yet")
     model = tiny("gpt", position="alibi")
     nope = tiny("gpt", position="none")
@@ -185,7 +187,7 @@ def check_4():
     bias = -slopes * (i - j).float()
     mask = (j <= i)[None, None]
     reference = explicit_attention_probabilities(q, k, bias.masked_fill(~mask, float("-inf")))
-    got = model.attention_maps(ids)[0]
+    got = attention_maps(model, ids)[0]
     expect(torch.allclose(got, reference, atol=1e-5), "layer 0's attention is not softmax(q.k/sqrt(d) - slope*(i-j))")
     expect(cached_equals_recomputed(model, ids), "cached decoding with ALiBi differs from recomputation")
 

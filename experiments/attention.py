@@ -32,6 +32,7 @@ import torch
 from experiments import study
 from masks import bidirectional_mask, causal_mask, flattened_encoder_decoder_mask, prefix_lm_mask
 from experiments.equal_compute import machine_line, resolve_experiment, write_results
+from infra.attention_maps import attention_maps
 from infra.configurator import QUICK_NOTE, UserError, run_main
 from infra.dataset import load_dataset
 from infra.plots import pyplot, save
@@ -214,7 +215,7 @@ def main():
                                     for i in windows[0, :PICTURE_LENGTH].tolist()),
             "statistics": {}, "picture": {}}
     for name in MODELS:
-        maps = [m.cpu() for m in trained[name]["model"].eval().attention_maps(windows)]  # per layer (N, nh, T, T)
+        maps = [m.cpu() for m in attention_maps(trained[name]["model"].eval(), windows)]  # per layer (N, nh, T, T)
         data["statistics"][name] = [attention_statistics(m, name) for m in maps]
         data["picture"][name] = [[[round(float(v), 4) for v in row]
                                   for row in m[0, :, :PICTURE_LENGTH, :PICTURE_LENGTH].mean(0)] for m in maps]

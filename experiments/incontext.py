@@ -57,6 +57,7 @@ import numpy as np
 import torch
 
 import objectives
+from infra.attention_maps import attention_maps
 from infra.configurator import QUICK_NOTE, UserError, run_main
 from data.prepare_common import write_dataset
 from infra.dataset import load_dataset
@@ -208,7 +209,7 @@ def induction_scores(model, episodes, stoi, specials, device):
         if arch == "bert":  # its [MASK] after the query reads, and sees the [MASK] too
             ids, reader, seen = ids + [specials.mask], query + 1, query + 2
         prefix = torch.tensor([len(ids)], device=device) if arch == "prefixlm" else None
-        maps = model.attention_maps(torch.tensor([ids], device=device), prefix)  # per layer (1, heads, T, T)
+        maps = attention_maps(model, torch.tensor([ids], device=device), prefix)  # per layer (1, heads, T, T)
         per_layer = torch.stack([m[0, :, reader, targets].sum(dim=-1) for m in maps])  # (layers, heads)
         scores = per_layer if scores is None else scores + per_layer
         uniform.append(len(targets) / seen)

@@ -60,6 +60,7 @@ from experiments.equal_compute import flops_budget, machine_line, resolve_experi
 from experiments.metrics import (cloze_accuracy, correction_probe, non_mask_positions, past_plateau, plateau_control,
                                  second_half_bits, unigram_reference)
 from experiments.study_report import PROBE_TASKS, plot, report
+from infra.attention_maps import attention_maps
 from infra.configurator import UserError, run_main
 from infra.dataset import get_windows, load_dataset
 from infra.progress import Progress, StopSignals, format_duration, format_flops, write_atomically
@@ -191,7 +192,7 @@ def rank_summary(P):
 @torch.no_grad()
 def attention_ranks(model, windows):
     """Per layer: rank_summary of the attention matrices, over heads and windows."""
-    return [rank_summary(probabilities) for probabilities in model.attention_maps(windows)]  # (N, nh, T, T) each
+    return [rank_summary(probabilities) for probabilities in attention_maps(model, windows)]  # (N, nh, T, T) each
 
 
 @torch.no_grad()

@@ -19,12 +19,13 @@ from dataclasses import fields
 
 import torch
 
+from infra.adaptation import model_for
 from infra.configurator import Failure, UserError
 from infra.progress import disk_error, remove_quietly
 from infra.train_config import MODEL_KEYS
 from infra.dataset import META_KEYS
 from infra.published_model import PublishedConfig, published_model
-from model import ModelConfig, Transformer
+from model import ModelConfig
 from objectives import OBJECTIVES_FOR_ARCH
 
 CHECKPOINT_KEYS = ("model", "optimizer", "config", "model_config", "meta", "iter_num", "best_val_loss", "flops_done",
@@ -174,8 +175,9 @@ def model_from_checkpoint(checkpoint, path):
     """The Transformer a checkpoint describes, with its weights; a mismatch is a UserError, not a traceback."""
     try:
         settings = checkpoint["model_config"]  # a fine-tuned published model names its family
+        # (a diffusion model adapted from gpt, its outputs shifted: infra/adaptation.py's DiffusionFromGpt)
         model = published_model(PublishedConfig(**settings)) if "family" in settings else \
-            Transformer(ModelConfig(**settings))
+            model_for(ModelConfig(**settings))
     except (ValueError, TypeError) as e:
         raise UserError(f"{path}: its model settings cannot be built ({e}); retrain") from None
     return load_weights(model, checkpoint, path)

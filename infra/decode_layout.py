@@ -13,10 +13,10 @@ weight, "prepacking") reads it at about two thirds, at batch 1, 8 and 32 alike.
 
 Nothing changes in the modules a reader reads: the forward of each nn.Linear is replaced for the duration of the
 block and restored after it. Used only where it applies: float32 weights on the CPU, no autocast, a torch built
-with oneDNN; anywhere else the block runs the plain layout. sample.generate decodes inside it unless the compiled
-step runs (the compiler cannot lower a prepacked weight; it has its own freezing path); with more than
-COMPILED_MAX_ROWS rows on a CPU a compiled generation decodes inside it too. bench.py's 4c sets USE_PREPACKED = False
-for the plain layout's row, beside it.
+with oneDNN; anywhere else the block runs the plain layout. sample.generate decodes inside it (its one call for
+speed, `fastest_decoding_step`) unless the compiled step runs (the compiler cannot lower a prepacked weight; it has
+its own freezing path); with more than COMPILED_MAX_ROWS rows on a CPU a compiled generation decodes inside it too.
+bench.py's 4c sets USE_PREPACKED = False for the plain layout's row, beside it.
 """
 import contextlib
 import functools
@@ -141,6 +141,15 @@ def decoding_step(model, compiled, rows):
     if compiled and runs_compiled_step(model, rows):
         return compiled_decode_step(model), contextlib.nullcontext()
     return decode_step, prepacked(model)
+
+
+@contextlib.contextmanager
+def fastest_decoding_step(model, compiled, rows):
+    """sample.generate's one call for its speed: `with fastest_decoding_step(model, compiled, rows) as step:` the
+    whole generation (prefills included) runs in the context decoding_step picks, and decodes with its step."""
+    step, layout = decoding_step(model, compiled, rows)
+    with layout:
+        yield step
 
 
 @functools.cache

@@ -1,20 +1,18 @@
 """
 Run control: what a training run must keep track of and agree on beside learning, so that train.py's loop
-shows only learning, evaluation, saving and the log line (as nanoGPT's does):
+shows only learning and four calls on the run (as nanoGPT's loop shows its evaluation, checkpoint and log line):
 
     with RunControl(config, processes, log, start, ...) as run:  # out_dir locked, log opened, Ctrl-C / SIGTERM caught
         while True:
-            if iter_num % eval_interval == 0 or run.finished(iter_num):
-                run.check_losses()                   # a non-finite training loss stops every process here
-                losses = estimate_loss(...) if run.evaluates() else None   # the master evaluates
-                # every process learns the decision: log.jsonl, ckpt.pt (best.pt), or a divergence stop
-                run.record_and_save(iter_num, losses, lambda: checkpoint_state(...))
-            if run.finished(iter_num):
+            # every eval_interval iterations and at the end: a non-finite training loss stops every process here,
+            # then the master evaluates, unless the run is stopping
+            if run.evaluate(iter_num, lambda signals, project: estimate_loss(...)):
+                # every process learns the master's decision: log.jsonl, ckpt.pt (best.pt), or a divergence stop
+                run.save(iter_num, lambda: checkpoint_state(...))
+            if run.should_stop(iter_num):                # max_iters, the FLOPs budget, or a signal on any process
                 break
             ...one optimisation step...
-            line = run.step_done(iter_num, loss, flops, tokens, supervised)  # counters, divergence, ETA
-            if line:
-                log(f"iter {iter_num}: loss {line.loss:.4f}, ...")
+            run.log_step(iter_num, loss, flops, tokens, supervised)  # counters, divergence, ETA, the log line
 
 What lives here:
 - one stop flag (`run.stopped`; `run.signals` hears the signals): a signal on any process becomes a stop every
@@ -113,6 +111,7 @@ class RunControl:
         self.flops_at_clock = self.flops_done  # the rate of a FLOPs budget's spending, since the last log line
         self.speed = RecentRate()  # seconds per iteration, the median of the recent log lines' (the time left)
         self.evaluation_started, self.evaluation_seconds = None, 0.0  # the last evaluation's cost (the time left)
+        self.losses = None  # the last evaluation's {"train", "val"} (None: a stop cut it short, or not the master)
 
     # ---- the out_dir, for the run's whole life
     def __enter__(self):
@@ -155,8 +154,9 @@ class RunControl:
                 os.rmdir(self.out_dir)
         return False
 
-    # ---- when to stop
-    def finished(self, iter_num):
+    # ---- when to stop (the loop's run.should_stop)
+    def should_stop(self, iter_num):
+        """Whether the run ends at iter_num: max_iters, the FLOPs budget, or a stop every process agreed on."""
         return self.stopped or iter_num >= self.config["max_iters"] or \
             bool(self.config["max_flops"] and self.flops_done >= self.config["max_flops"])
 
@@ -188,19 +188,32 @@ class RunControl:
                 self.run_log.write({"iter": it, "loss": value})
         pending.clear()
 
-    # ---- evaluate and save: the master evaluates and decides, every process follows
-    def evaluates(self):
-        """Does this process evaluate now? The master, unless the run is already stopping. (Called after
-        check_losses: a loss that diverged since the last check has stopped them all before an evaluation is spent
-        on it.)"""
+    # ---- evaluate and save (the loop's run.evaluate and run.save): the master evaluates and decides, every process
+    # follows
+    def evaluate(self, iter_num, estimate):
+        """Every eval_interval iterations and when the run is to stop, on every process: read back the training
+        losses (a non-finite one has stopped them all here, before an evaluation is spent on it); then the master,
+        unless the run is already stopping, runs estimate(signals, project) (train.estimate_loss: None when a stop
+        cut it short; `project`, given at the run's first evaluation only, hears its timing) and prints its line.
+        Returns whether an evaluation was due: then every process calls save."""
+        if iter_num % self.config["eval_interval"] and not self.should_stop(iter_num):
+            return False
+        self.check_losses()
+        self.losses = None
         self.evaluation_started = time.perf_counter()
-        return self.master and not self.stopped
+        if self.master and not self.stopped:
+            self.losses = estimate(self.signals, self.project if iter_num == self.first_iter else None)
+            losses = self.losses
+            if losses is not None and all(math.isfinite(v) for v in losses.values()):
+                self.log(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+                         + loss_in_bits(self.config["objective"], losses["val"]), flush=True)
+        return True
 
-    def record_and_save(self, iter_num, losses, state):
+    def save(self, iter_num, state):
         """After an evaluation, on every process: decide (the master) and agree whether to save and whether to stop,
         write the checkpoints (state() builds them: every process gathers its RNG state into it), and restart the
         clock. A non-finite loss raises TrainingDiverged here, on every process, before anything is saved."""
-        save, best = self.decide(iter_num, losses)
+        save, best = self.decide(iter_num, self.losses)
         if save:
             self.write_checkpoints(state(), best)
         self.evaluation_done(iter_num, save)
@@ -225,7 +238,7 @@ class RunControl:
                 improved, best = losses["val"] < self.best_val_loss, losses["val"] <= self.best_val_loss
                 self.best_val_loss = min(self.best_val_loss, losses["val"])
                 save = iter_num > 0 and not self.config["eval_only"] and \
-                    (improved or self.config["always_save_checkpoint"] or self.finished(iter_num))
+                    (improved or self.config["always_save_checkpoint"] or self.should_stop(iter_num))
         save, diverged, stopping = self.processes.from_master([save, diverged, stopping])
         if diverged:
             raise TrainingDiverged(diverged)
@@ -301,7 +314,18 @@ class RunControl:
                                 self.processes.device, self.cpu_recipe, self.is_cpu_recipe):
             self.log(line, flush=True)
 
-    # ---- after each optimisation step
+    # ---- after each optimisation step (the loop's run.log_step)
+    def log_step(self, iter_num, loss, flops, tokens, supervised):
+        """Count and agree after one optimisation step (step_done); every log_interval iterations, or every
+        seconds_between_lines of a slow run, print the log line: the loss in the objective's own units, ms/iter,
+        tokens/s, supervised tokens/s (claim C1: the loss reads only the positions the objective supervises), MFU,
+        it/s and the time left."""
+        line = self.step_done(iter_num, loss, flops, tokens, supervised)
+        if line:
+            self.log(f"iter {iter_num}: loss {line.loss:.4f}, {line.dt * 1000:.1f} ms/iter, "
+                     f"{line.tokens / line.dt:,.0f} tok/s, {line.supervised / line.dt:,.0f} supervised tok/s, "
+                     f"{line.mfu}, {1 / line.dt:.2f} it/s, ~{format_duration(line.left)} left", flush=True)
+
     def step_done(self, iter_num, loss, flops, tokens, supervised):
         """Count (claim C1: tokens the model computed, and the ones the loss read) and agree on the totals and on
         stopping. Every log_interval iterations (or SECONDS_BETWEEN_LINES seconds) returns what the log line says:

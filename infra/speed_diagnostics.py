@@ -275,7 +275,7 @@ def compiled_decoding_section(generate, decoding_floor, decoding_cost, device, s
     `decoding_floor`. Compilation is paid once per process and per batch-size regime (1, then any larger): the
     first generation's extra time is reported as compile time."""
     bandwidth, matmul_rate = results["ceilings"]["copy_bandwidth"], results["ceilings"]["matmul_flops"]
-    weights_sized = results["ceilings"]["weights_sized_copy_bandwidth"]  # (bench.floor_bandwidths, 4b)
+    weights_sized = results["ceilings"]["weights_sized_copy_bandwidth"]  # (bench_report.floor_bandwidths, 4b)
     cases = [("gpt", 1), ("gpt", 8), ("gpt", 32), ("prefixlm", 1), ("t5", 1)]
     if size["quick"]:  # the rows run, the figures mean nothing (batch > 1 compiles again: tests/test_kvcache.py)
         cases = [("gpt", 1), ("t5", 1)]
@@ -388,7 +388,7 @@ def steadiness(device, size, results):
     results["ceilings"]["matmul_flops_at_end"] = after
     line = f"matmul rate at the start {before / 1e12:.3f}, at the end {after / 1e12:.3f} TFLOP/s"
     copies = results["ceilings"]["copy_bandwidth_measured"]
-    if len(copies) > 1:  # (bench.floor_bandwidths: the decoding floors read the higher)
+    if len(copies) > 1:  # (bench_report.floor_bandwidths: the decoding floors read the higher)
         line += f"; copy bandwidth at the start {copies[0] / 1e9:.1f}, before the floors {copies[-1] / 1e9:.1f} GB/s"
     if abs(after / before - 1) > 0.3:
         line = f"**Unsteady machine: {line}; the figures above are not reliable (other work was running).**"

@@ -11,6 +11,7 @@ import torch
 import masks
 import objectives
 from conftest import run_script, tiny_args
+from infra.adaptation import DiffusionFromGpt
 from model import ModelConfig, Transformer
 
 
@@ -32,7 +33,8 @@ def test_the_annealed_mask_is_causal_at_the_first_step_and_bidirectional_at_the_
 
 
 def test_the_training_loop_opens_the_mask_step_by_step(char_dataset, tmp_path, monkeypatch):
-    """train.py passes masks.annealed_mask to the model at each step, with the fraction of that step."""
+    """train.py passes masks.annealed_mask to the model at each step, with the fraction of that step (the batch
+    infra/adaptation.training_batch makes carries it)."""
     import train
     gpt = tmp_path / "gpt"
     train.train(train.resolve_config(tiny_args(char_dataset, str(gpt), max_iters=4)))
@@ -45,16 +47,16 @@ def test_the_training_loop_opens_the_mask_step_by_step(char_dataset, tmp_path, m
     assert seen == [0.0, 0.25, 0.5, 0.75]  # then fully open: bert's own mask, no mask tensor at all
 
 
-# ----------------------------------------------------------------------------- the shift (model.py, objectives.py)
+# ----------------------------------------------------------------------- the shift (infra/adaptation.py, objectives.py)
 
-def tiny(arch, **extra):
+def tiny(arch, kind=Transformer, **extra):
     torch.manual_seed(0)
-    return Transformer(ModelConfig(arch=arch, vocab_size=70, block_size=16, n_layer=2, n_head=2, n_embd=16,
-                                   position="rope", bias=False, **extra)).eval()
+    return kind(ModelConfig(arch=arch, vocab_size=70, block_size=16, n_layer=2, n_head=2, n_embd=16,
+                            position="rope", bias=False, **extra)).eval()
 
 
 def test_a_shifted_model_scores_token_i_with_position_i_minus_1():
-    plain, shifted = tiny("bert"), tiny("bert", shift_logits=True)
+    plain, shifted = tiny("bert"), tiny("bert", DiffusionFromGpt, shift_logits=True)
     shifted.load_state_dict(plain.state_dict())
     ids = torch.randint(0, 65, (2, 12))
     a, b = plain(ids)[0], shifted(ids)[0]

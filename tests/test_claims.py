@@ -7,7 +7,8 @@ import torch
 import masks
 import objectives
 from experiments import published_claims
-from model import ModelConfig, Transformer, explicit_attention_probabilities
+from infra.attention_maps import attention_maps, explicit_attention_probabilities
+from model import ModelConfig, Transformer
 
 SYMBOLS, LENGTH = 3, 4
 ALL_SEQUENCES = torch.tensor(list(itertools.product(range(SYMBOLS), repeat=LENGTH)))  # all 81
@@ -198,17 +199,17 @@ def test_causal_attention_is_full_rank_and_bidirectional_can_collapse():
     with torch.enable_grad():
         trained = fit(tiny("gpt", SYMBOLS + 1, block=12), lambda x, g: (x, x), steps=20)
     for model, tokens in ((tiny("gpt", 20, block=12), ids), (trained, ids % SYMBOLS)):
-        for probabilities in model.eval().attention_maps(tokens):  # (B, nh, T, T) per layer
+        for probabilities in attention_maps(model.eval(), tokens):  # (B, nh, T, T) per layer
             P = probabilities.double()
             assert (P.triu(1) == 0).all() and (P.diagonal(dim1=-2, dim2=-1) > 0).all()
             assert (torch.linalg.det(P) > 0).all()
             assert (torch.linalg.matrix_rank(P) == 12).all()
     same_token = torch.full((1, 12), 7)  # every query and key identical: uniform rows
     bert = tiny("bert", 20, position="none", block=12).eval()
-    for probabilities in bert.attention_maps(same_token):
+    for probabilities in attention_maps(bert, same_token):
         assert (torch.linalg.matrix_rank(probabilities.double()) == 1).all()
     causal = tiny("gpt", 20, position="none", block=12).eval()
-    assert all((torch.linalg.matrix_rank(p.double()) == 12).all() for p in causal.attention_maps(same_token))
+    assert all((torch.linalg.matrix_rank(p.double()) == 12).all() for p in attention_maps(causal, same_token))
 
 
 def test_sdpa_equals_the_explicit_softmax_reference():

@@ -117,8 +117,8 @@ def test_resume_refusals(char_dataset, trained_dir, tmp_path):
 
 def test_sample_bad_inputs(trained_dir, tmp_path):
     before = snapshot(trained_dir)
-    compile_file = tmp_path / "compiled.py"
-    compile_file.write_text("compile = True\n")  # a bool where sample.py reads text
+    number_file = tmp_path / "prompt.py"
+    number_file.write_text("start = 2024\n")  # a number where sample.py reads text (the prompt)
     cases = [
         ([f"--out_dir={trained_dir}", "--start=héllo"], "outside the vocabulary"),
         ([f"--out_dir={trained_dir}", "--start="], "prompt is empty"),
@@ -138,7 +138,7 @@ def test_sample_bad_inputs(trained_dir, tmp_path):
         ([f"--out_dir={trained_dir}", "--compile=True", "--no_cache=True"], "drop one of them"),
         ([f"--out_dir={trained_dir}", "--compile=yes"], "choose auto, True or False"),
         ([f"--out_dir={trained_dir}", "--compile"], "the default: 'auto'"),  # a text option: auto, True, False
-        ([str(compile_file), f"--out_dir={trained_dir}"], 'write compile = "True"'),
+        ([str(number_file), f"--out_dir={trained_dir}"], 'write start = "2024"'),
     ]
     for args, needle in cases:
         print(assert_clean_failure(run_script("sample.py", *args), needle))
@@ -177,22 +177,23 @@ def test_bench_bad_inputs():
 
 
 def test_a_decoding_rate_above_its_floor_is_flagged_with_its_reason(monkeypatch):
-    """A floor that is a floor: bench.py keeps the higher of two bandwidth measurements (a busy moment cannot
-    lower it), and a rate above the floor is never printed as a plain share: under the weights-sized copy's floor
-    the caches served the weights, above it too the bandwidth was measured low."""
-    import bench
+    """A floor that is a floor: bench.py (infra/bench_report.floor_bandwidths) keeps the higher of two bandwidth
+    measurements (a busy moment cannot lower it), and a rate above the floor is never printed as a plain share:
+    under the weights-sized copy's floor the caches served the weights, above it too the bandwidth was measured
+    low."""
+    from infra import bench_report
     from infra.timing import of_floor_text
     assert of_floor_text(93.1, 100.0, 150.0) == "93.1%"
     assert "caches" in of_floor_text(109.4, 100.0, 150.0) and of_floor_text(109.4, 100.0, 150.0).startswith("109.4%")
     assert "busy machine" in of_floor_text(160.0, 100.0, 150.0)
     measured = iter([20e9, 30e9])  # again before the floors, then the weights-sized copy
-    monkeypatch.setattr(bench, "copy_bandwidth", lambda device, megabytes, repeats: next(measured))
+    monkeypatch.setattr(bench_report, "copy_bandwidth", lambda device, megabytes, repeats: next(measured))
     results = {"ceilings": {"copy_bandwidth": 16.8e9, "copy_bandwidth_measured": [16.8e9]}}
     model = torch.nn.Linear(512, 512)  # 1 MiB of float32 weights
-    assert bench.floor_bandwidths("cpu", {"quick": False}, 1, results, model) == (20e9, 30e9)
+    assert bench_report.floor_bandwidths("cpu", {"quick": False}, 1, results, model) == (20e9, 30e9)
     assert results["ceilings"]["copy_bandwidth_measured"] == [16.8e9, 20e9]
     measured = iter([10e9, 30e9])  # a busier moment before the floors: the start's figure stays
-    assert bench.floor_bandwidths("cpu", {"quick": False}, 1, results, model)[0] == 20e9
+    assert bench_report.floor_bandwidths("cpu", {"quick": False}, 1, results, model)[0] == 20e9
 
 
 def test_the_steps_that_repay_a_compile_are_its_time_over_what_a_step_saves():
@@ -399,12 +400,15 @@ def test_study_refuses_a_huge_seed():
 def test_sample_compile_needs_a_decoding_step_to_compile():
     """--compile=True compiles the cached one-token step: bert has none (claim D4), and --no_cache turns it off."""
     import sample
+    from infra.sample_options import check_sample_config
+
+    def check(config, *request):
+        return check_sample_config(config, sample.DEFAULTS, sample.UNMASK_ORDERS, *request)
     compiled = dict(sample.DEFAULTS, compile=True)
-    assert "bert has no such step" in user_error(sample.check_sample_config, compiled, "bert", 3, 32, "mlm")
-    assert "drop one of them" in user_error(sample.check_sample_config, dict(compiled, no_cache=True), "gpt", 3, 32,
-                                            "clm")
-    sample.check_sample_config(compiled, "t5", 3, 32, "span_corruption")  # accepted
-    sample.check_sample_config(dict(sample.DEFAULTS, max_new_tokens=20), "bert", 3, 32, "mlm")  # auto: accepted
+    assert "bert has no such step" in user_error(check, compiled, "bert", 3, 32, "mlm")
+    assert "drop one of them" in user_error(check, dict(compiled, no_cache=True), "gpt", 3, 32, "clm")
+    check(compiled, "t5", 3, 32, "span_corruption")  # accepted
+    check(dict(sample.DEFAULTS, max_new_tokens=20), "bert", 3, 32, "mlm")  # auto: accepted
 
 
 def test_sample_compile_auto_compiles_where_the_generation_repays_it(monkeypatch):
@@ -412,7 +416,7 @@ def test_sample_compile_auto_compiles_where_the_generation_repays_it(monkeypatch
     the compile: a CPU model FROZEN_MIN_WIDTH wide, one row, enough steps; never bert, never --no_cache, never
     without a C++ compiler; True and False as given."""
     import sample
-    from infra import decode_layout
+    from infra import decode_layout, sample_options
     from model import ModelConfig, Transformer
 
     def model(arch="gpt", n_embd=decode_layout.FROZEN_MIN_WIDTH):
@@ -421,21 +425,22 @@ def test_sample_compile_auto_compiles_where_the_generation_repays_it(monkeypatch
     repaid = math.ceil(decode_layout.COMPILE_SECONDS / decode_layout.SECONDS_SAVED_PER_STEP)  # ~35,000 steps
     assert 10_000 < repaid < 60_000
     auto = dict(sample.DEFAULTS, num_samples=1, max_new_tokens=repaid)
-    monkeypatch.setattr(sample, "check_compiler", lambda device: None)  # a C++ compiler is there
+    choice = sample_options.compile_choice
+    monkeypatch.setattr(sample_options, "check_compiler", lambda device: None)  # a C++ compiler is there
     wide = model()
-    assert sample.compile_choice(auto, wide, "cpu") is True
-    assert sample.compile_choice(dict(auto, max_new_tokens=repaid - 1), wide, "cpu") is False
-    assert sample.compile_choice(dict(auto, num_samples=2), wide, "cpu") is False  # one row only
-    assert sample.compile_choice(auto, model(n_embd=decode_layout.FROZEN_MIN_WIDTH // 2), "cpu") is False  # unmeasured
-    assert sample.compile_choice(auto, model("bert"), "cpu") is False
-    assert sample.compile_choice(dict(auto, no_cache=True), wide, "cpu") is False
-    assert sample.compile_choice(dict(auto, compile=True, max_new_tokens=1), wide, "cpu") is True
-    assert sample.compile_choice(dict(auto, compile=False), wide, "cpu") is False
+    assert choice(auto, wide, "cpu") is True
+    assert choice(dict(auto, max_new_tokens=repaid - 1), wide, "cpu") is False
+    assert choice(dict(auto, num_samples=2), wide, "cpu") is False  # one row only
+    assert choice(auto, model(n_embd=decode_layout.FROZEN_MIN_WIDTH // 2), "cpu") is False  # unmeasured
+    assert choice(auto, model("bert"), "cpu") is False
+    assert choice(dict(auto, no_cache=True), wide, "cpu") is False
+    assert choice(dict(auto, compile=True, max_new_tokens=1), wide, "cpu") is True
+    assert choice(dict(auto, compile=False), wide, "cpu") is False
 
     def no_compiler(device):
         raise UserError("needs a C++ compiler")
-    monkeypatch.setattr(sample, "check_compiler", no_compiler)
-    assert sample.compile_choice(auto, wide, "cpu") is False
+    monkeypatch.setattr(sample_options, "check_compiler", no_compiler)
+    assert choice(auto, wide, "cpu") is False
 
 
 def test_digits_that_are_not_ascii_and_a_binary_text_are_one_line_each(tmp_path):
