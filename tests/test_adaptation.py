@@ -198,6 +198,7 @@ def quick(char_dataset, tmp_path_factory):
         return json.load(f), (out / "adaptation-quick.md").read_text(), out
 
 
+@pytest.mark.slow
 def test_the_two_phases_add_up_to_the_studys_budget(quick, meta):
     from experiments.study import SCALES
     data, _, out = quick
@@ -216,6 +217,7 @@ def test_the_two_phases_add_up_to_the_studys_budget(quick, meta):
         assert data["budget_flops"] <= total < data["budget_flops"] + 2 * per_step * 1.1  # at most a step over each
 
 
+@pytest.mark.slow
 def test_the_quick_run_reports_every_row_its_rules_verdicts_and_control(quick):
     data, text, out = quick
     for target in ("bert", "diffusion", "t5"):
@@ -228,6 +230,7 @@ def test_the_quick_run_reports_every_row_its_rules_verdicts_and_control(quick):
     assert os.path.exists(out / "adaptation-quick.png") or "matplotlib" not in sys.modules
 
 
+@pytest.mark.slow
 def test_the_reversal_tasks_targets_start_from_its_own_gpt_and_add_up_to_its_budget(quick):
     """Claim X4 on adapted models: each target of the reversal task starts from the gpt trained on that task's
     text at its share (not the study's), and both phases add up to reversal.py's budget."""

@@ -261,6 +261,7 @@ def test_no_evaluation_text_is_fine_tuned_on(quick_task, monkeypatch):
     assert not [t for t in read if set(t.split("\n")) & evaluation]  # (a line is read whole or not at all)
 
 
+@pytest.mark.slow
 def test_the_experiment_runs_end_to_end(char_dataset, tmp_path):
     result = run_script("experiments/encoders.py", "--quick", f"--out_dir={tmp_path}", f"--dataset={char_dataset}",
                         f"--study_dir={tmp_path / 'study'}")

@@ -32,6 +32,7 @@ def test_the_budget_dataset_holds_the_first_n_training_tokens_and_the_whole_vali
         epochs.budget_dataset(splits, meta, len(source_train) + 1, str(tmp_path / "too-much"))
 
 
+@pytest.mark.slow
 def test_quick_run_trains_on_the_budget_only_and_scores_on_the_validation_split(char_dataset, tmp_path, monkeypatch):
     s = dict(epochs.SCALES["quick"], epochs=(1, 4), seeds=1)
     monkeypatch.setitem(epochs.SCALES, "quick", s)

@@ -145,6 +145,7 @@ def test_sample_bad_inputs(trained_dir, tmp_path):
     assert snapshot(trained_dir) == before
 
 
+@pytest.mark.slow
 def test_sample_runs_and_reports_speed(trained_dir):
     result = run_script("sample.py", f"--out_dir={trained_dir}", "--start=To be", "--num_samples=2",
                         "--max_new_tokens=40")
@@ -208,6 +209,7 @@ def test_the_steps_that_repay_a_compile_are_its_time_over_what_a_step_saves():
 
 
 @pytest.mark.optional_packages  # 4d compares with transformers where it is installed
+@pytest.mark.slow
 def test_bench_quick_runs_every_section(tmp_path):
     """bench.py must not rot: the quick run exercises every section and its compiled rows (no assertion on
     speed)."""
@@ -244,6 +246,7 @@ def test_bench_quick_runs_every_section(tmp_path):
         assert len(results["hugging_face_decoding"]["samplers"]) == 2
 
 
+@pytest.mark.slow
 def test_bench_compiled_diagnostics_that_quick_leaves_out():
     """What bench.py --quick skips to stay under a minute, run here on tiny inputs: FlexAttention's prefix-LM and
     document masks against SDPA with the same masks, and the profile of a compiled decoding step."""

@@ -142,6 +142,7 @@ def test_probe_leaves_the_backbone_bit_identical_and_full_changes_it(task, gpt_c
         assert identical == (mode == "probe")
 
 
+@pytest.mark.slow
 def test_quick_study_runs_every_task_reader_and_mode(char_dataset, tmp_path):
     result = run_script("experiments/finetune.py", "--study", "--quick", f"--dataset={char_dataset}", f"--out_dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -309,6 +310,7 @@ def test_the_study_refuses_a_rate_its_grid_chooses(char_dataset, tmp_path):
     assert "--learning_rate is for one fine-tuning run" in result.stderr and not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_a_stopped_study_writes_beside_the_whole_result_and_goes_on_from_it(char_dataset, tmp_path, monkeypatch):
     """A stop writes the cells that finished to finetune-quick-partial.* (status 130), never over the whole
     result; the same command goes on from them, runs only the rest, and then replaces the whole result, leaving no

@@ -56,6 +56,7 @@ def test_every_script_checks_the_seed_and_the_device_as_train_py_does(argv, need
             apply_overrides(defaults, argv)
 
 
+@pytest.mark.slow
 def test_finetune_takes_a_checkpoint_file_as_well_as_its_folder(trained, char_dataset):
     result = run_script("experiments/finetune.py", f"--init_from={os.path.join(trained, 'ckpt.pt')}",
                         f"--dataset={char_dataset}", "--probe_steps=2", "--task=tampered")
@@ -367,6 +368,7 @@ def test_a_folder_where_the_run_log_or_the_lock_goes_is_named_and_no_lock_stays(
 
 # ----------------------------------------------------------------------------- 6. processes, names, locales
 
+@pytest.mark.slow
 def test_a_torchrun_environment_without_its_peers_talks_stops_at_sigterm_and_gives_up(tmp_path):
     """A complete torchrun environment whose other processes never come: after a few seconds a line says what the
     process waits for; a SIGTERM ends it at once (init_process_group alone would wait half an hour, deaf to it);
@@ -435,6 +437,7 @@ def test_an_argument_the_locale_cannot_read_names_the_locale():
     assert "outside the vocabulary" not in one_line(result, "--start", "locale", "UTF-8")
 
 
+@pytest.mark.slow
 def test_a_stop_during_the_first_compiled_step_says_it_waits_for_the_compile(char_dataset, tmp_path):
     """With --compile=True the first step compiles for a while (minutes for t5 on two cores) and the stop flag is
     read between steps: the line printed at once says so, and the run then saves after that step and ends as

@@ -67,6 +67,7 @@ def test_the_same_dataset_made_again_is_left_as_it_is(tmp_path):
     assert os.stat(folder / "train.bin").st_mtime_ns != 1
 
 
+@pytest.mark.slow
 def test_quick_run_end_to_end(tmp_path):
     result = run_script("experiments/incontext.py", "--quick", f"--out_dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]

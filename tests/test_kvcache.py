@@ -315,6 +315,7 @@ def test_decoding_with_prepacked_weights_equals_the_plain_layout(arch):
 
 
 @pytest.mark.parametrize("arch", ["gpt", "t5"])
+@pytest.mark.slow
 def test_the_frozen_compiled_step_of_a_wide_model_is_its_own_model_and_refuses_changed_weights(arch):
     """At decode_layout.FROZEN_MIN_WIDTH and above, the CPU's compiled step freezes the weights into Inductor's C++ GEMM
     kernels: the same logits as eager (COMPILED_TOL) and the same greedy tokens, at batch 1 (gpt) and 2 (t5, its

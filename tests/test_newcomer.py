@@ -44,6 +44,7 @@ def run_in(folder, command, *extra, timeout=HANG_TIMEOUT):
                           text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_the_quick_start_runs_as_written_in_order(char_dataset, tmp_path):
     """In a fresh folder, the README's commands in order: the CPU recipe (tiny here: 20 iterations) trains gpt,
     samples from it, trains bert, and the curves command reads both runs; the GPU-sized default on a CPU advises

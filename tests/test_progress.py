@@ -82,6 +82,7 @@ def test_a_flops_budget_run_says_its_share_of_the_budget_and_never_a_negative_ti
     assert not [line for line in lines if "~-" in line], lines
 
 
+@pytest.mark.slow
 def test_a_signal_during_evaluation_stops_within_seconds_and_saves(char_dataset, tmp_path):
     out = str(tmp_path / "o")
     process = start_train(*tiny_args(char_dataset, out, eval_iters=1_000_000, quiet=False))  # an endless evaluation
@@ -157,6 +158,7 @@ def test_a_signal_ends_an_evaluation_within_the_batch_under_way(char_dataset):
     assert after_the_signal == [] and not stop.immediate
 
 
+@pytest.mark.slow
 def test_a_resumed_run_that_stops_says_to_run_the_same_command(char_dataset, tmp_path):
     out = str(tmp_path / "o")
     assert run_script("train.py", *tiny_args(char_dataset, out, max_iters=4, eval_interval=2)).returncode == 0

@@ -94,6 +94,7 @@ def test_a_process_killed_while_saving_leaves_a_loadable_checkpoint(tmp_path):
     assert checkpoint.load_checkpoint(path)["iter_num"] == 1  # the previous checkpoint, intact
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_and_exits_130_then_resume_continues(char_dataset, tmp_path):
     out = str(tmp_path / "o")
     args = tiny_args(char_dataset, out, max_iters=100000, lr_decay_iters=100000, eval_interval=100000,
@@ -136,6 +137,7 @@ def test_non_finite_loss_stops_without_writing(char_dataset, tmp_path):
 LAUNCH = [sys.executable, "-m", "infra.parallel", "--standalone", "--nproc_per_node=2", os.path.join(ROOT, "train.py")]
 
 
+@pytest.mark.slow
 def test_two_process_data_parallel_run(char_dataset, tmp_path):
     out = str(tmp_path / "ddp")
     args = tiny_args(char_dataset, out, max_iters=6, eval_interval=3, log_interval=1, gradient_accumulation_steps=2,
@@ -182,6 +184,7 @@ def launched_process(launcher, rank):
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the launched processes through /proc")
 @pytest.mark.parametrize("ending", ["SIGTERM to the launcher", "SIGUSR1 to the launcher", "SIGKILL to process 1"])
+@pytest.mark.slow
 def test_a_launched_job_stopped_or_losing_a_process_ends_in_one_line_each(char_dataset, tmp_path, ending):
     """Stopping the launcher (SIGTERM, or SIGUSR1, which it takes as a stop: torchrun alone dies of it and leaves
     its workers training) stops every process, a checkpoint saved, status 130, no process left; a process killed
@@ -229,6 +232,7 @@ def wait_for(process, prefix):
     raise AssertionError(f"no {prefix!r}: {process.stderr.read()}")
 
 
+@pytest.mark.slow
 def test_kill_9_keeps_the_log_and_a_resume_appends_without_duplicates(char_dataset, tmp_path):
     out = str(tmp_path / "o")
     process = start(char_dataset, out, max_iters=100_000, lr_decay_iters=100_000, eval_interval=5)
@@ -246,6 +250,7 @@ def test_kill_9_keeps_the_log_and_a_resume_appends_without_duplicates(char_datas
     assert [r["iter"] for r in records if "val_loss" in r] == [0, 5, 10, 15, 20]
 
 
+@pytest.mark.slow
 def test_one_run_per_out_dir(char_dataset, tmp_path):
     out = str(tmp_path / "o")
     first = start(char_dataset, out, max_iters=100_000, lr_decay_iters=100_000, eval_interval=5)

@@ -348,6 +348,7 @@ def test_a_reader_whose_states_hold_the_next_character_passes_the_causal_cap(mon
 # ----------------------------------------------------------------------------- end to end
 
 @pytest.mark.parametrize("name", ["reversal", "planning", "tagging"])
+@pytest.mark.slow
 def test_each_structural_experiment_runs_end_to_end(name, char_dataset, tmp_path):
     args = ["--quick", f"--out_dir={tmp_path}"]
     if name == "tagging":  # the quick study's checkpoints, pretrained here (seconds) on the test text
@@ -381,6 +382,7 @@ def test_each_structural_experiment_runs_end_to_end(name, char_dataset, tmp_path
 
 
 @pytest.mark.parametrize("name", ["reversal", "planning"])
+@pytest.mark.slow
 def test_some_models_at_a_larger_budget_are_a_result_of_their_own(name, tmp_path):
     """--models and --budget: the models named, each at that multiple of the FLOPs budget, written beside (never
     over) the whole experiment's result; a name that is no model is refused before anything is written."""
@@ -400,6 +402,7 @@ def test_some_models_at_a_larger_budget_are_a_result_of_their_own(name, tmp_path
     assert not (tmp_path / "other").exists()  # nothing written, not even the folder
 
 
+@pytest.mark.slow
 def test_runs_trained_in_processes_are_the_runs_one_process_trains(tmp_path):
     """--jobs=2 trains the runs in two processes, then loads and evaluates them as one process would: the same
     models (the same validation loss), counted as trained by this command; run again with --reuse=True, as reused.
@@ -430,6 +433,7 @@ def test_runs_trained_in_processes_are_the_runs_one_process_trains(tmp_path):
         assert not (tmp_path / "other").exists()
 
 
+@pytest.mark.slow
 def test_a_run_that_diverges_in_its_process_ends_the_study_or_is_a_result(char_dataset, tmp_path):
     """A run whose loss stops being finite in a process of its own: one line that ends the command, as without
     --jobs, unless divergence is a result (the learning-rate sweep), where it is recorded and not trained again."""
@@ -466,6 +470,7 @@ def test_the_time_left_before_any_run_finishes_comes_from_the_runs_under_way():
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the processes from /proc")
+@pytest.mark.slow
 def test_a_stop_while_processes_train_stops_them_all_and_keeps_what_finished(tmp_path):
     """SIGTERM while --jobs=2 trains: every training process stops within seconds (none outlives the command; each
     saves the checkpoint of the run under way, not a finished run that --reuse=True would load), and the command
@@ -680,6 +685,7 @@ def test_with_jobs_each_seed_trains_with_its_own_seed(char_dataset, monkeypatch)
         assert built["seed"] == seed
 
 
+@pytest.mark.slow
 def test_a_training_process_that_dies_is_a_failure_that_says_how_to_go_on(tmp_path):
     """--jobs: a training process killed from outside (kill -9, the out-of-memory killer) ends the command with
     status 1 (it is not a usage error), one line that says how to go on from the runs that finished."""
@@ -724,6 +730,7 @@ def test_a_run_recorded_before_a_setting_existed_is_reused_at_its_default():
     assert not same_settings(dict(recorded, init_std=0.04), dict(recorded, init_std=0.02))
 
 
+@pytest.mark.slow
 def test_reuse_checks_the_checkpoint_itself(tmp_path):
     """--reuse=True loads a finished run only if its checkpoint holds the run's own arch, shape and objective
     (bert's weights copied into gpt's folder are trained again, not reported as gpt), and a damaged checkpoint is one line

@@ -11,6 +11,7 @@ from experiments import metrics, study
 from conftest import run_script
 
 
+@pytest.mark.slow
 def test_study_quick_runs_end_to_end(char_dataset, tmp_path):
     result = run_script("experiments/study.py", "--quick", f"--dataset={char_dataset}", f"--out_dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -189,6 +190,7 @@ def test_the_multiplier_interpolates_in_log_flops():
     assert crossing([1, 2, 4, 8], [3.0, 2.0, 2.6, 1.0], 2.5, lower_is_better=True) == pytest.approx(2 ** (0.5))
 
 
+@pytest.mark.slow
 def test_plateau_quick_runs_and_marks_where_each_run_left_the_plateau(char_dataset, tmp_path):
     """experiments/plateau.py: every variant's validation curve (one point per evaluation) and the first
     evaluation under its own control, which must agree with the curve and the control of its objective."""
@@ -211,6 +213,7 @@ def test_plateau_quick_runs_and_marks_where_each_run_left_the_plateau(char_datas
     assert all(set(n) == {"stratified t", "independent t", "t fixed at 0.5"} for n in data["noise"].values())
 
 
+@pytest.mark.slow
 def test_attention_quick_draws_both_masks_and_their_even_references(char_dataset, tmp_path):
     """experiments/attention.py: gpt gives exactly nothing to positions on its right (the causal mask, claim A1),
     bert does; the 'even over the mask' references are the closed forms (causal: 1 / (i + 1) to each of i + 1
