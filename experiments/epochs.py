@@ -2,8 +2,8 @@
 Question: when data runs out (claim X2), repeating a small unique-data budget for 1..512 epochs, which
 objective keeps improving on held-out text?
 
-    python experiments/epochs.py             # CPU: the study's CPU model, first 10,000 characters, 32 minutes
-                                             # -> results/study/epochs-cpu.{md,json,png}
+    python experiments/epochs.py             # CPU: the study's CPU model, first 10,000 characters, about 32
+                                             # minutes alone on 2 cores -> results/study/epochs-cpu.{md,json,png}
     python experiments/epochs.py --scale=gpu # one GPU: the study's GPU model on the first 100,000 characters
     python experiments/epochs.py --quick     # a smoke run in seconds (the test suite runs it) -> out-quick/
 

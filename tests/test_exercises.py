@@ -13,6 +13,8 @@ import pytest
 
 from conftest import HANG_TIMEOUT, ROOT
 
+pytestmark = pytest.mark.slow  # each check applies a patch and runs the changed code: the end-to-end tier
+
 FOLDER = os.path.join(ROOT, "exercises")
 SKIP = ("results", "docs", ".git", "__pycache__", ".pytest_cache")  # what no check reads
 
