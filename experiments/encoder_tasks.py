@@ -147,3 +147,26 @@ def make_tasks(texts, s, seed):
     for key in ("judge_train", "judge_train_labels"):
         task[key], task[key.replace("train", "tune")] = task[key][:-m], task[key][-m:]
     return task
+
+
+def near_duplicates(text, groups, size, length, fragment, rng, exclude=()):
+    """The reranking task built for interaction: `groups` groups of `size` near-duplicate documents, each a line of
+    `length` characters with one letter changed (to another of the same case), at a different place in each
+    document of a group; document j's query is a `fragment`-character piece of it that holds its changed letter.
+    Every document of the group holds the query's other characters in the same places, so the one character the
+    query names decides: a reader that squeezed the document into a vector before it saw the query must have kept
+    every character's place. Returns (documents, queries, group of each document)."""
+    docs, queries, group_of = [], [], []
+    for g, line in enumerate(text_lines(text, groups, length, rng, exclude)):
+        letters = [i for i, ch in enumerate(line) if ch.isalpha()]
+        if len(letters) < size:
+            raise UserError(f"a line of {length} characters holds fewer than {size} letters: use longer lines")
+        for place in rng.choice(letters, size, replace=False):
+            pool = "abcdefghijklmnopqrstuvwxyz" if line[place].islower() else "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+            new = rng.choice([ch for ch in pool if ch != line[place]])
+            doc = line[:place] + new + line[place + 1:]
+            start = int(rng.integers(max(0, place - fragment + 1), min(place, length - fragment) + 1))
+            docs.append(doc)
+            queries.append(doc[start:start + fragment])
+            group_of.append(g)
+    return docs, queries, np.array(group_of)

@@ -88,19 +88,20 @@ SCALES = {  # line: characters of a document's line (two lines, the flag and two
     "cpu": dict(study_scale="cpu", line=14, half=16, judge_line=20, train_lines=4000, eval_lines=1000,
                 probe_windows=2000, judge_examples=3000, rerank_queries=500, candidates=20, steps=300, probe_steps=400,
                 batch_size=32, rerank_batch=8, rerank_negatives=3, rates=(3e-4, 1e-3, 3e-3), grown=(1e-4, 1e-2),
-                head_learning_rate=3e-3,
+                head_learning_rate=3e-3, judge_steps=2400, check_every=150, patience=4,
                 warmup=0.1, tune_lines=500, tune_queries=250, judge_tune=500, temperature=0.05, timing_repeats=5,
                 seeds=3),
     "gpu": dict(study_scale="gpu", line=60, half=64, judge_line=100, train_lines=20000, eval_lines=2000,
                 probe_windows=10000, judge_examples=20000, rerank_queries=1000, candidates=20, steps=2000,
                 probe_steps=1000, batch_size=64, rerank_batch=16, rerank_negatives=3, rates=(3e-5, 1e-4, 3e-4),
                 grown=(1e-5, 1e-3),
-                head_learning_rate=3e-3, warmup=0.1, tune_lines=2000, tune_queries=500, judge_tune=2000,
+                head_learning_rate=3e-3, judge_steps=16000, check_every=500, patience=4, warmup=0.1, tune_lines=2000,
+                tune_queries=500, judge_tune=2000,
                 temperature=0.05, timing_repeats=5, seeds=3),
     "quick": dict(study_scale="quick", line=6, half=8, judge_line=10, train_lines=96, eval_lines=40, probe_windows=48,
                   judge_examples=48, rerank_queries=16, candidates=8, steps=3, probe_steps=5, batch_size=8,
                   rerank_batch=4, rerank_negatives=3, rates=(1e-3, 3e-3), grown=(3e-4, 1e-2),
-                  head_learning_rate=3e-3, warmup=0.1,
+                  head_learning_rate=3e-3, judge_steps=6, check_every=2, patience=1, warmup=0.1,
                   tune_lines=24, tune_queries=8, judge_tune=12, temperature=0.05, timing_repeats=1, seeds=1),
 }
 
@@ -286,7 +287,9 @@ def price(backbone, how, task, s):
 
 
 def judge_cell(backbone, how, task, s, seed, stop):
-    """Part 4: a head on the pooled state, fine-tuned with the backbone on the agreement examples; accuracy."""
+    """Part 4: a head on the pooled state, fine-tuned with the backbone on the agreement examples until the accuracy
+    on the tuning items stops improving (at most s["judge_steps"] steps; the weights of its best check are kept);
+    accuracy, the steps run, the training FLOPs they cost and every check."""
     texts, labels = task["judge_train"], torch.from_numpy(task["judge_train_labels"])
     torch.manual_seed(seed)
     head = torch.nn.Linear(backbone.model.config.n_embd, 2).to(backbone.device)
@@ -296,13 +299,26 @@ def judge_cell(backbone, how, task, s, seed, stop):
         logits = head(embed(backbone, [texts[i] for i in index], how))
         return F.cross_entropy(logits, labels[index].to(logits.device))
 
-    train(backbone, head, s["steps"], s, batch_loss, stop, seed)
-
     def accuracy(texts, labels):
         with torch.no_grad():
             return float((head(embed_all(backbone, texts, how)).argmax(-1).cpu().numpy() == labels).mean())
-    return {"accuracy": accuracy(task["judge_eval"], task["judge_eval_labels"]),
-            "tuning": accuracy(task["judge_tune"], task["judge_tune_labels"])}
+
+    checks = train(backbone, head, s["judge_steps"], s, batch_loss, stop, seed,
+                   validate=lambda: accuracy(task["judge_tune"], task["judge_tune_labels"]))
+    per_step = step_flops(backbone.model, s["batch_size"], 2 * s["judge_line"] + 1)
+    best_step, tuning = max(checks, key=lambda check: check[1])  # (the first best: the weights kept)
+    return {"accuracy": accuracy(task["judge_eval"], task["judge_eval_labels"]), "tuning": tuning,
+            "steps run": checks[-1][0], "best step": best_step, "flops": checks[-1][0] * per_step,
+            "checks": [[step, score, step * per_step] for step, score in checks]}
+
+
+def step_flops(model, batch, length):
+    """Training FLOPs of one fine-tuning step on `batch` inputs of `length` tokens, as model.training_flops counts
+    them (6 per parameter per token, attention's 12 * layers * T^2 * d), without the output head, which a reader
+    does not use (t5: its encoder only, which is what it reads with)."""
+    config = model.config
+    parameters = sum(p.numel() for p in model.blocks.parameters())  # (t5's: its encoder's)
+    return batch * (6 * length * parameters + 12 * len(model.blocks) * length ** 2 * config.n_embd)
 
 
 # ----------------------------------------------------------------------------- rules, the same scoring
@@ -342,7 +358,7 @@ def rules(task, parts=("retrieval", "probe", "judge"), log=lambda *a, **k: None)
 
 # ----------------------------------------------------------------------------- the experiment
 
-CELL_COST = {"probe": 0.2, "retrieval": 1.0, "flag-first": 1.0, "reranking": 1.2, "judge": 0.9}  # relative time
+CELL_COST = {"probe": 0.2, "retrieval": 1.0, "flag-first": 1.0, "reranking": 1.2, "judge": 4.0}  # relative time
 
 
 def run_one(part, backbone, how, task, s, seed, stop):

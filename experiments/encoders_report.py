@@ -17,8 +17,8 @@ BI_READERS = [("gpt", "mean"), ("gpt", "last"), ("gpt", "echo"), ("bert", "mean"
               ("t5", "mean"), ("diffusion", "mean")]
 FLAG_FIRST_READERS = [("gpt", "mean"), ("gpt", "last"), ("bert", "mean")]  # the mechanism's control
 CROSS_READERS = [("gpt", "last"), ("bert", "mean"), ("prefixlm", "mean"), ("t5", "mean"), ("diffusion", "mean")]
-JUDGE_READERS = [("gpt", "last"), ("gpt", "mean"), ("bert", "mean"), ("prefixlm", "mean"), ("t5", "mean"),
-                 ("diffusion", "mean")]
+JUDGE_READERS = [("gpt", "last"), ("bert", "mean"), ("prefixlm", "mean"), ("diffusion", "mean")]  # each trained
+# to early stopping: the causal reader, two masked objectives, and the causal objective with a bidirectional mask
 PARTS = {"probe": PROBE_READERS, "retrieval": BI_READERS, "flag-first": FLAG_FIRST_READERS,
          "reranking": CROSS_READERS, "judge": JUDGE_READERS}
 
@@ -157,14 +157,20 @@ def report(data, s, scale):
               control_line("reranking"), "",
               "## 4. A whole-input judgement: do the two lines agree?", "",
               f"{data['task sizes']['judge train']} training and {data['task sizes']['judge eval']} evaluation "
-              f"examples of two {s['judge_line']}-character lines, half agreeing; accuracy.", "",
-              "| reader | accuracy | rate kept |", "|---|---|---|"]
+              f"examples of two {s['judge_line']}-character lines, half agreeing; accuracy. Each reader trains until "
+              f"its accuracy on the {s['judge_tune']} tuning items stops improving ({s['patience']} checks in a row, "
+              f"one every {s['check_every']} steps, without a better one; at most {s['judge_steps']} steps, the "
+              f"schedule decaying over them), then keeps the weights of its best check: the compute each spent is "
+              f"its own, found by validation (steps and training FLOPs: mean +- std over seeds, at the rate kept).",
+              "", "| reader | accuracy | rate kept | steps run | best step | training TFLOP |", "|---|---|---|---|---|---|"]
     for name, how in JUDGE_READERS:
         reader = f"{name} ({how})"
+        spent = [plus_minus([scale * v for v in kept_values(data, "judge", reader, key)], digits)
+                 for key, scale, digits in (("steps run", 1, 0), ("best step", 1, 0), ("flops", 1e-12, 2))]
         lines.append(f"| {reader} | {pct(kept_values(data, 'judge', reader, 'accuracy'))} | "
-                     f"{rate_kept(data['cells'], 'judge', reader)} |")
+                     f"{rate_kept(data['cells'], 'judge', reader)} | " + " | ".join(spent) + " |")
     for rule, v in r["judge"].items():
-        lines.append(f"| (rule) {rule} | {100 * v:.1f}% | - |")
+        lines.append(f"| (rule) {rule} | {100 * v:.1f}% | - | - | - | - |")
     columns = sorted({c["learning rate"] for c in data["cells"] if "learning rate" in c})
     lines += ["", control_line("judge"), "", "## 5. The rate grid: every rate's mean score on the tuning items", "",
               f"The grid is {', '.join(f'{r:g}' for r in s['rates'])}; a reader whose best rate was at its edge was "

@@ -13,6 +13,7 @@ scores, "tuning" (the score the rate is chosen on) and "learning rate"; a finish
 "part", "reader" ("model (how)"), "seed" and the result.
 """
 import contextlib
+import copy
 import multiprocessing
 import multiprocessing.connection
 import signal
@@ -36,11 +37,16 @@ def rate_factor(step, steps, warmup):
     return (step + 1) / w if step < w else max(0.0, (steps - step) / max(1, steps - w))
 
 
-def train(backbone, head, steps, s, batch_loss, stop, seed):
+def train(backbone, head, steps, s, batch_loss, stop, seed, validate=None):
     """`steps` of AdamW on the backbone (s["learning_rate"], one rate of the grid) and the head
     (s["head_learning_rate"]), both on rate_factor's schedule; batch_loss(rng) draws a batch, returns its loss.
-    backbone None: the head alone trains (on frozen features)."""
-    groups = []
+    backbone None: the head alone trains (on frozen features).
+
+    validate: None (every step runs), or a function () -> score on the tuning items (higher is better) for early
+    stopping: it is called every s["check_every"] steps and at the end; the weights of the best score are put back
+    at the end, and training stops once s["patience"] checks in a row gave no better score (the steps then are
+    the most it may run: the schedule still decays over them). Returns [(steps done, score)] of every check."""
+    groups, modules = [], [m for m in (backbone and backbone.model, head) if m is not None]
     if backbone is not None:
         backbone.model.train()
         groups.append({"params": backbone.model.parameters(), "lr": s["learning_rate"]})
@@ -49,7 +55,8 @@ def train(backbone, head, steps, s, batch_loss, stop, seed):
     optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: rate_factor(step, steps, s["warmup"]))
     rng = np.random.default_rng(seed)
-    for _ in range(steps):
+    checks, best, best_weights = [], None, None
+    for step in range(steps):
         if stop:
             raise KeyboardInterrupt
         loss = batch_loss(rng)
@@ -57,8 +64,23 @@ def train(backbone, head, steps, s, batch_loss, stop, seed):
         loss.backward()
         optimizer.step()
         schedule.step()
-    if backbone is not None:
-        backbone.model.eval()
+        if validate is not None and ((step + 1) % s["check_every"] == 0 or step + 1 == steps):
+            for m in modules:
+                m.eval()
+            with torch.no_grad():
+                checks.append((step + 1, float(validate())))
+            for m in modules:
+                m.train()
+            if best is None or checks[-1][1] > best:  # the weights worth keeping, copied off the ones training
+                best, best_weights = checks[-1][1], [copy.deepcopy(m.state_dict()) for m in modules]
+            elif len(checks) - 1 - max(i for i, (_, v) in enumerate(checks) if v == best) >= s["patience"]:
+                break  # s["patience"] checks without a better score: validation stopped improving
+    if best_weights is not None:
+        for m, weights in zip(modules, best_weights):
+            m.load_state_dict(weights)
+    for m in modules:
+        m.eval()
+    return checks
 
 
 # ----------------------------------------------------------------------------- the rate kept, the grid grown
