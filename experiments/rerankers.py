@@ -4,8 +4,8 @@ vectors made apart (a bi-encoder), as rerankers are used (claims E3's reranker h
 first-stage lists, both learn from the same (query, positive, hard negatives) examples with the same listwise loss,
 each until validation stops improving, at its rate chosen over seeds; the compute each spent is its own.
 
-    python experiments/rerankers.py --jobs=2    # 2 tasks x 2 rerankers x 2 readers x 3 seeds x 3 rates, each cell
-                                                # trained to early stopping: ~45 minutes on 2 cores of an Intel
+    python experiments/rerankers.py --jobs=2    # 2 tasks x 2 rerankers x 3 seeds x 3 rates (bert), each cell
+                                                # trained to early stopping: ~35 minutes on 2 cores of an Intel
                                                 # Xeon, the study's checkpoints present (missing: ~30 more)
                                                 # -> results/structural/rerankers-cpu.{md,json,png}
     python experiments/rerankers.py --quick     # a smoke run in seconds (the test suite runs it) -> out-quick/
@@ -62,7 +62,7 @@ DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_ch
                 study_dir="results/study", seed=1337, jobs=1)
 SCALES = {  # line: a flag document's line; length, fragment: a detail document and its query; groups: of near
     # duplicates (size each); queries: every n-th document's query is evaluated
-    "cpu": dict(study_scale="cpu", line=14, train_lines=3000, eval_lines=1000, length=40, fragment=10, size=20,
+    "cpu": dict(study_scale="cpu", line=14, train_lines=3000, eval_lines=500, length=40, fragment=10, size=20,
                 train_groups=300, eval_groups=50, tune_queries=100, query_every=2, candidates=20, negatives=7,
                 queries_per_step=4, max_steps=900, check_every=150, patience=3, rates=(3e-4, 1e-3, 3e-3),
                 grown=(1e-4, 1e-2), head_learning_rate=3e-3, warmup=0.1, temperature=0.05, timing_repeats=5, seeds=3),
@@ -77,8 +77,8 @@ SCALES = {  # line: a flag document's line; length, fragment: a detail document 
 }
 TASKS = ("flag", "detail")
 KINDS = ("bi-encoder", "cross-encoder")
-READERS = [("bert", "mean"), ("gpt", "last")]  # (study model, how its vector is read): the masked encoder, and the
-# causal model's only position that has read the whole input
+READERS = [("bert", "mean")]  # (study model, how its vector is read): the masked encoder, the reranker of the
+# literature (monoBERT); gpt's last position is the other reader a 2-core run would add, at twice the time
 
 
 # ----------------------------------------------------------------------------- the tasks and the first stage
