@@ -88,7 +88,7 @@ SCALES = {  # line: characters of a document's line (two lines, the flag and two
     "cpu": dict(study_scale="cpu", line=14, half=16, judge_line=20, train_lines=4000, eval_lines=1000,
                 probe_windows=2000, judge_examples=3000, rerank_queries=500, candidates=20, steps=300, probe_steps=400,
                 batch_size=32, rerank_batch=8, rerank_negatives=3, rates=(3e-4, 1e-3, 3e-3), grown=(1e-4, 1e-2),
-                head_learning_rate=3e-3, judge_steps=2400, check_every=150, patience=4,
+                head_learning_rate=3e-3, judge_steps=1500, check_every=150, patience=3,
                 warmup=0.1, tune_lines=500, tune_queries=250, judge_tune=500, temperature=0.05, timing_repeats=5,
                 seeds=3),
     "gpu": dict(study_scale="gpu", line=60, half=64, judge_line=100, train_lines=20000, eval_lines=2000,

@@ -17,8 +17,8 @@ BI_READERS = [("gpt", "mean"), ("gpt", "last"), ("gpt", "echo"), ("bert", "mean"
               ("t5", "mean"), ("diffusion", "mean")]
 FLAG_FIRST_READERS = [("gpt", "mean"), ("gpt", "last"), ("bert", "mean")]  # the mechanism's control
 CROSS_READERS = [("gpt", "last"), ("bert", "mean"), ("prefixlm", "mean"), ("t5", "mean"), ("diffusion", "mean")]
-JUDGE_READERS = [("gpt", "last"), ("bert", "mean"), ("prefixlm", "mean"), ("diffusion", "mean")]  # each trained
-# to early stopping: the causal reader, two masked objectives, and the causal objective with a bidirectional mask
+JUDGE_READERS = [("gpt", "last"), ("bert", "mean"), ("prefixlm", "mean")]  # each trained to early stopping: the
+# causal reader, the masked encoder, and the causal objective with a bidirectional mask
 PARTS = {"probe": PROBE_READERS, "retrieval": BI_READERS, "flag-first": FLAG_FIRST_READERS,
          "reranking": CROSS_READERS, "judge": JUDGE_READERS}
 
