@@ -72,7 +72,6 @@ def report(data):
                    f"up to {largest_budget(data)} steps of training with early stopping** (the effect is not "
                    f"reproduced up to this budget; the plot shows each reranker's tuning hits@1 against the "
                    f"training FLOPs it spent).")
-    lines += [verdict, ""]
     for task, title, what in (
             ("flag", "the answer in one line (built for the bi-encoder)",
              f"documents of two {s['line']}-character lines and a last line A or B naming the one the document is "
@@ -102,7 +101,7 @@ def report(data):
                         row["bi-encoder wins"] else "neither wins by more than the spreads")
                 lines.append(f"- {reader}: {word} (bi-encoder {100 * row['bi-encoder']:.1f}%, cross-encoder "
                              f"{100 * row['cross-encoder']:.1f}%).")
-        lines.append("")
+        lines += ["", verdict, ""] if task == "detail" else [""]
     if data["prices"]:
         lines += ["## The price", "", f"Median ms to rerank one query's {s['candidates']} candidates, over "
                   f"{s['timing_repeats']} repeats, first seed, on this machine (the bi-encoder's documents encoded "
