@@ -1,9 +1,10 @@
 """
-The tasks of experiments/encoders.py, made from the text (as experiments/tasks.py makes finetune.py's): lines,
-documents decided by their last line (a flag naming their topic line), candidate sets for reranking, windows whose
-label sits in their second half, and pairs of lines that agree or differ by one whole word. Training examples come
-from the training split, evaluation examples from the validation split, and none of these is read twice; the items
-a fine-tuning rate is chosen on are held out of the training ones.
+The tasks of experiments/encoders.py and experiments/rerankers.py, made from the text (as experiments/tasks.py makes
+finetune.py's): lines, documents decided by their last line (a flag naming their topic line), candidate sets
+(encoders.py's hits@1), groups of near duplicates (rerankers.py's interaction task), windows whose label sits in
+their second half, and pairs of lines that agree or differ by one whole word. Training examples come from the
+training split, evaluation examples from the validation split, and none of these is read twice; the items a
+fine-tuning rate is chosen on are held out of the training ones.
 """
 import re
 

@@ -1,14 +1,13 @@
 """
 Question: where do encoders still win (claims E3, X1, F3, and the payoff of B2)? At equal size and equal
-pretraining FLOPs, which backbone makes the better embedding model, the better reranker and the better judge of a
-whole input, and why?
+pretraining FLOPs, which backbone makes the better embedding model and the better judge of a whole input, and why?
+Rerankers (a cross-encoder against a bi-encoder, as rerankers are used) live in experiments/rerankers.py.
 
-    python experiments/encoders.py --jobs=2     # 5 parts x their readers x 3 seeds x 3 rates, then one rate past
-                                                # each edge kept (246 cells, two at a time): ~76 minutes on 2 cores
-                                                # of an Intel Xeon, the study's checkpoints present (missing, they
-                                                # pretrain first: ~30 more)
+    python experiments/encoders.py --jobs=2     # 4 parts x their readers x 3 seeds x 3 rates (135 cells, two at
+                                                # a time), then one rate past each edge kept; its minutes for these
+                                                # four parts not measured yet
                                                 # -> results/structural/encoders-cpu.{md,json,png}
-    python experiments/encoders.py --parts=reranking --steps_multiple=3   # some parts, at 3 x the steps
+    python experiments/encoders.py --parts=retrieval --steps_multiple=3   # some parts, at 3 x the steps
     python experiments/encoders.py --jobs=2 --reuse=True  # keep the cells of the earlier run; run the rest
     python experiments/encoders.py --quick      # a smoke run in seconds (the test suite runs it) -> out-quick/
 
@@ -31,19 +30,14 @@ evaluation examples from the validation split, which no backbone read in pretrai
    with in-batch InfoNCE (the hard negative in the batch), the same steps and batch for each; recall@1 and MRR
    among all evaluation documents. Control of the mechanism: the same with the flag as the first line, which every
    position of a causal reader has read.
-3. Reranking: cross-encoder against bi-encoder. The query and one candidate read together in one sequence, a
-   linear score on the pooled state, trained listwise; hits@1 among 20 candidates (the right document, its hard
-   negative, 18 others), beside the bi-encoders of part 2 on the same candidate sets, and the price of each (ms
-   per query for 20 and for 1,000 candidates).
-4. A whole-input judgement (F3): two lines, the second the first again (agree) or the first with one word replaced
-   by another of the same length (disagree), exactly half each; a head on the pooled state, fine-tuned.
+3. A whole-input judgement (F3): two lines, the second the first again (agree) or the first with one word replaced
+   by another of the same length (disagree), exactly half each; a head on the pooled state, fine-tuned until its
+   accuracy on tuning items stops improving (the weights of its best check kept: the steps are found by validation).
 
 One fine-tuning recipe for every reader (the verdict should be the architecture's, not its recipe's): the same
 steps and batch, the backbone at every rate of a small grid with a warmup then a linear decay, and the rate kept
 for a reader chosen by its mean score over seeds on tuning items held out of the training ones (never on the
-evaluation items); every rate's score is in the result. The cross-encoder reads as many characters per step as the
-bi-encoder (about the same FLOPs: its 32 (query, candidate) sequences against the bi-encoder's 32 queries and 32
-documents), so it scores fewer pairs per step (32 against 32 x 32): the report states both.
+evaluation items); every rate's score is in the result.
 
 Baselines under the same scoring: chance, the character n-gram rules (tasks.py's features: cosine for retrieval, a
 tuned logistic regression for the judgements) and, where a rule can be told the task's format, that rule too (it
@@ -68,18 +62,17 @@ import torch.nn.functional as F
 from experiments.encoder_tasks import documents, flagged_line, make_tasks
 from experiments.equal_compute import machine_line, resolve_experiment, write_results
 from experiments.finetune import Backbone, hidden_states, study_backbones
-from experiments.encoders_report import CROSS_READERS, PARTS, controls, plot, report
+from experiments.encoders_report import PARTS, controls, plot, report
 from experiments.recipe import begun, finished_cells, grow, missing, train
 from experiments.study_report import plateau_threshold
 from experiments.tasks import classification_scores, ngram_features, read_texts, tuned_logistic_regression
 from infra.configurator import UserError, check_input_folder, output_folder, run_main
 from infra.progress import StopSignals, check_writable, format_duration
-from infra.timing import median_time
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/structural",
                 study_dir="results/study",  # where experiments/study.py and finetune.py keep their checkpoints
                 seed=1337, quiet=True,
-                parts="all",  # or some of probe, retrieval, flag-first, reranking, judge (comma-separated)
+                parts="all",  # or some of probe, retrieval, flag-first, judge (comma-separated)
                 steps_multiple=1,  # every fine-tuning run at this multiple of the scale's steps
                 reuse=False,  # True: keep the cells of the earlier run of the same settings (its .json); run the rest
                 jobs=1)  # how many fine-tuning cells (and missing pretraining runs) run at once (processes)
@@ -87,22 +80,18 @@ SCALES = {  # line: characters of a document's line (two lines, the flag and two
     # study's context for echo); half: of the structural part's windows; judge_line: of the agreement task's lines
     "cpu": dict(study_scale="cpu", line=14, half=16, judge_line=20, train_lines=4000, eval_lines=1000,
                 probe_windows=2000, judge_examples=3000, rerank_queries=500, candidates=20, steps=300, probe_steps=400,
-                batch_size=32, rerank_batch=8, rerank_negatives=3, rates=(3e-4, 1e-3, 3e-3), grown=(1e-4, 1e-2),
-                head_learning_rate=3e-3, judge_steps=1500, check_every=150, patience=3,
-                warmup=0.1, tune_lines=500, tune_queries=250, judge_tune=500, temperature=0.05, timing_repeats=5,
-                seeds=3),
+                batch_size=32, rates=(3e-4, 1e-3, 3e-3), grown=(1e-4, 1e-2), head_learning_rate=3e-3,
+                judge_steps=1500, check_every=150, patience=3, warmup=0.1, tune_lines=500, tune_queries=250,
+                judge_tune=500, temperature=0.05, seeds=3),
     "gpu": dict(study_scale="gpu", line=60, half=64, judge_line=100, train_lines=20000, eval_lines=2000,
                 probe_windows=10000, judge_examples=20000, rerank_queries=1000, candidates=20, steps=2000,
-                probe_steps=1000, batch_size=64, rerank_batch=16, rerank_negatives=3, rates=(3e-5, 1e-4, 3e-4),
-                grown=(1e-5, 1e-3),
+                probe_steps=1000, batch_size=64, rates=(3e-5, 1e-4, 3e-4), grown=(1e-5, 1e-3),
                 head_learning_rate=3e-3, judge_steps=16000, check_every=500, patience=4, warmup=0.1, tune_lines=2000,
-                tune_queries=500, judge_tune=2000,
-                temperature=0.05, timing_repeats=5, seeds=3),
+                tune_queries=500, judge_tune=2000, temperature=0.05, seeds=3),
     "quick": dict(study_scale="quick", line=6, half=8, judge_line=10, train_lines=96, eval_lines=40, probe_windows=48,
                   judge_examples=48, rerank_queries=16, candidates=8, steps=3, probe_steps=5, batch_size=8,
-                  rerank_batch=4, rerank_negatives=3, rates=(1e-3, 3e-3), grown=(3e-4, 1e-2),
-                  head_learning_rate=3e-3, judge_steps=6, check_every=2, patience=1, warmup=0.1,
-                  tune_lines=24, tune_queries=8, judge_tune=12, temperature=0.05, timing_repeats=1, seeds=1),
+                  rates=(1e-3, 3e-3), grown=(3e-4, 1e-2), head_learning_rate=3e-3, judge_steps=6, check_every=2,
+                  patience=1, warmup=0.1, tune_lines=24, tune_queries=8, judge_tune=12, temperature=0.05, seeds=1),
 }
 
 
@@ -225,69 +214,8 @@ def biencoder_scores(backbone, how, queries, docs, sets):
             "hits@1": hits_at_1(similarity[np.arange(len(sets))[:, None], sets])}
 
 
-def cross_scores(backbone, head, queries, docs, how):
-    """A cross-encoder's score of each (query, document): both read together, one number from the pooled state."""
-    return head(embed(backbone, [f"{q}\n{d}" for q, d in zip(queries, docs)], how)).squeeze(-1)
-
-
-def crossencoder_cell(backbone, how, task, s, seed, stop):
-    """Part 3: a cross-encoder trained listwise (each query against its document, its hard negative and other
-    documents of the batch), scored by hits@1 on the candidate sets."""
-    lines, k = task["train_lines"], s["rerank_negatives"]
-    torch.manual_seed(seed)
-    head = torch.nn.Linear(backbone.model.config.n_embd, 1).to(backbone.device)
-
-    def batch_loss(rng):
-        chosen = [lines[i] for i in rng.choice(len(lines), s["batch_size"], replace=False)]
-        docs, n = documents(chosen, rng), len(chosen)
-        queries, candidates = [], []
-        for i in range(s["rerank_batch"]):
-            others = rng.choice(np.setdiff1d(np.arange(n), [i, (i - 1) % n]), k - 1, replace=False)
-            queries += [chosen[i]] * (k + 1)
-            candidates += [docs[i], docs[(i - 1) % n]] + [docs[j] for j in others]
-        scores = cross_scores(backbone, head, queries, candidates, how).view(-1, k + 1)
-        return F.cross_entropy(scores, torch.zeros(len(scores), dtype=torch.long, device=scores.device))
-
-    train(backbone, head, s["steps"], s, batch_loss, stop, seed)
-    return {"hits@1": cross_hits(backbone, head, how, task["eval_lines"], task["docs"], task["candidate_sets"]),
-            "tuning": cross_hits(backbone, head, how, task["tune_lines"], task["tune_docs"], task["tune_sets"])}
-
-
-def cross_hits(backbone, head, how, lines, docs, sets):
-    """hits@1 of a cross-encoder on candidate sets: every (query, candidate) read together."""
-    queries = [lines[i] for i in range(len(sets)) for _ in range(sets.shape[1])]
-    candidates = [docs[j] for row in sets for j in row]
-    with torch.no_grad():
-        scores = torch.cat([cross_scores(backbone, head, queries[i:i + 256], candidates[i:i + 256], how)
-                            for i in range(0, len(queries), 256)])
-    return hits_at_1(scores.view(sets.shape).cpu().numpy())
-
-
-def price(backbone, how, task, s):
-    """Median ms to rank the candidates of one query: the cross-encoder reads (query, candidate) once per candidate;
-    the bi-encoder encodes the query and takes dot products with document vectors encoded beforehand (their
-    one-off cost per document beside it). For 20 candidates and for every evaluation document. The weights'
-    values do not change the time: the pretrained backbone and a fresh head are timed."""
-    head = torch.nn.Linear(backbone.model.config.n_embd, 1).to(backbone.device)
-    def median_ms(work):  # (the device synchronised around each repeat: on a GPU the work is asynchronous)
-        return 1000 * median_time(work, backbone.device, s["timing_repeats"], warmup=0)
-
-    query, docs = task["eval_lines"][0], task["docs"]
-    doc_vectors = embed_all(backbone, docs, how)
-    out = {}
-    for count in (s["candidates"], len(docs)):
-        with torch.no_grad():
-            out[f"cross-encoder, {count} candidates"] = median_ms(lambda: [
-                cross_scores(backbone, head, [query] * len(docs[i:min(i + 256, count)]),
-                             docs[i:min(i + 256, count)], how) for i in range(0, count, 256)])
-            out[f"bi-encoder, {count} candidates"] = median_ms(
-                lambda: embed(backbone, [query], how) @ doc_vectors[:count].T)
-    out["bi-encoder, encoding one document (once)"] = median_ms(lambda: embed_all(backbone, docs, how)) / len(docs)
-    return out
-
-
 def judge_cell(backbone, how, task, s, seed, stop):
-    """Part 4: a head on the pooled state, fine-tuned with the backbone on the agreement examples until the accuracy
+    """Part 3: a head on the pooled state, fine-tuned with the backbone on the agreement examples until the accuracy
     on the tuning items stops improving (at most s["judge_steps"] steps; the weights of its best check are kept);
     accuracy, the steps run, the training FLOPs they cost and every check."""
     texts, labels = task["judge_train"], torch.from_numpy(task["judge_train_labels"])
@@ -358,7 +286,7 @@ def rules(task, parts=("retrieval", "probe", "judge"), log=lambda *a, **k: None)
 
 # ----------------------------------------------------------------------------- the experiment
 
-CELL_COST = {"probe": 0.2, "retrieval": 1.0, "flag-first": 1.0, "reranking": 1.2, "judge": 4.0}  # relative time
+CELL_COST = {"probe": 0.2, "retrieval": 1.0, "flag-first": 1.0, "judge": 4.0}  # relative time
 
 
 def run_one(part, backbone, how, task, s, seed, stop):
@@ -367,30 +295,28 @@ def run_one(part, backbone, how, task, s, seed, stop):
         return probe_cell(backbone, how, task, s, seed, stop)
     if part in ("retrieval", "flag-first"):
         return biencoder_cell(backbone, how, task, s, seed, stop, "first" if part == "flag-first" else "end")
-    if part == "reranking":
-        return crossencoder_cell(backbone, how, task, s, seed, stop)
     if part == "judge":
         return judge_cell(backbone, how, task, s, seed, stop)
     raise ValueError(f"unknown part {part!r}")
 
 
 def earlier_cells(path, data):
-    """--reuse=True: the cells, prices and seconds of the run written at path, if it ran these very settings; else
-    none."""
+    """--reuse=True: the cells and seconds of the run written at path, if it ran these very settings (those this code
+    reads: a setting an older version had and this one dropped decides nothing); else none."""
     try:
         with open(path) as f:
             earlier = json.load(f)
     except (OSError, ValueError):
         print(f"[encoders] no earlier run to reuse in {path}: every cell runs", flush=True)
-        return [], {}, 0.0
+        return [], 0.0
     def what_a_cell_depends_on(run):  # (the rates the grid grows to are a plan, not how a cell runs)
-        settings = {k: v for k, v in (run.get("settings") or {}).items() if k != "grown"}
+        settings = {k: (run.get("settings") or {}).get(k) for k in data["settings"] if k != "grown"}
         return json.loads(json.dumps(dict({k: run.get(k) for k in ("seeds", "parts", "checkpoints")},
                                           settings=settings)))
     if what_a_cell_depends_on(earlier) != what_a_cell_depends_on(data):
         print(f"[encoders] {path} holds a run of other settings or checkpoints: every cell runs", flush=True)
-        return [], {}, 0.0
-    return earlier["cells"], earlier.get("prices", {}), earlier.get("seconds", 0.0)
+        return [], 0.0
+    return earlier["cells"], earlier.get("seconds", 0.0)
 
 
 # What the cells read: set here, or in each worker process (--jobs > 1) by prepare
@@ -429,8 +355,8 @@ def main():
     s = dict(SCALES[scale], steps=SCALES[scale]["steps"] * multiple)
     from experiments.study import SCALES as STUDY_SCALES  # the context of the checkpoints read
     block = STUDY_SCALES[s["study_scale"]]["block_size"]
-    longest = max(2 * (2 * s["line"] + 3), 4 * s["half"], 3 * s["line"] + 4, 2 * s["judge_line"] + 1)
-    if longest > block:  # (echo reads a document twice; a cross-encoder reads the query and a document)
+    longest = max(2 * (2 * s["line"] + 3), 4 * s["half"], 2 * s["judge_line"] + 1)
+    if longest > block:  # (echo reads a document, or a window, twice)
         raise UserError(f"scale {scale}'s longest input is {longest} characters, the study's models read {block}")
     t0 = time.perf_counter()
     texts = read_texts(config["dataset"])
@@ -446,7 +372,7 @@ def main():
           flush=True)
     data = {"scale": scale, "settings": s, "parts": parts, "steps_multiple": multiple, "seeds": seeds,
             "machine": machine_line(device, config, runs=None if pretrained_now else 1), "checkpoints": identities,
-            "plateau_threshold": plateau_threshold(study_dir, s["study_scale"]), "cells": [], "prices": {},
+            "plateau_threshold": plateau_threshold(study_dir, s["study_scale"]), "cells": [],
             "rules": rules(task, log=print),
             "task sizes": {"train lines": len(task["train_lines"]), "eval lines": len(task["eval_lines"]),
                            "probe train": len(task["train"]), "probe eval": len(task["eval"]),
@@ -458,7 +384,7 @@ def main():
     plan = [(part, model, how, seed, rate) for part in parts for seed in seeds
             for rate in ([None] if part == "probe" else s["rates"]) for model, how in PARTS[part]]
     if config["reuse"]:
-        data["cells"], data["prices"], earlier = earlier_cells(os.path.join(config["out_dir"], name + ".json"), data)
+        data["cells"], earlier = earlier_cells(os.path.join(config["out_dir"], name + ".json"), data)
         t0 -= earlier  # the seconds written are those of every cell kept, too
         plan += [cell for cell in begun(data["cells"], seeds) if cell not in plan]  # (a rate grown, half run)
     cost = lambda cells: sum(CELL_COST[cell[0]] for cell in cells)  # noqa: E731  (for the time left)
@@ -489,11 +415,6 @@ def main():
                     break
                 print(f"[encoders] the grid grown past {len(grown) // len(seeds)} rates kept at its edge: "
                       f"{len(todo)} cells more", flush=True)
-            if "reranking" in parts and not data["prices"]:  # the price, alone on the machine (timing beside other
-                # work would be wrong)
-                print("[encoders] timing the cross-encoder and the bi-encoder per query", flush=True)
-                data["prices"] = {f"{model} ({how})": price(Backbone(folders[(model, seeds[0])], device), how, task, s)
-                                  for model, how in CROSS_READERS}
     except KeyboardInterrupt:
         if not data["cells"]:
             raise  # nothing finished, nothing written (run_main: status 130, what is kept)

@@ -16,11 +16,9 @@ PROBE_READERS = [("gpt", "mean"), ("gpt", "echo"), ("bert", "mean"), ("prefixlm"
 BI_READERS = [("gpt", "mean"), ("gpt", "last"), ("gpt", "echo"), ("bert", "mean"), ("prefixlm", "mean"),
               ("t5", "mean"), ("diffusion", "mean")]
 FLAG_FIRST_READERS = [("gpt", "mean"), ("gpt", "last"), ("bert", "mean")]  # the mechanism's control
-CROSS_READERS = [("gpt", "last"), ("bert", "mean"), ("prefixlm", "mean"), ("t5", "mean"), ("diffusion", "mean")]
 JUDGE_READERS = [("gpt", "last"), ("bert", "mean"), ("prefixlm", "mean")]  # each trained to early stopping: the
 # causal reader, the masked encoder, and the causal objective with a bidirectional mask
-PARTS = {"probe": PROBE_READERS, "retrieval": BI_READERS, "flag-first": FLAG_FIRST_READERS,
-         "reranking": CROSS_READERS, "judge": JUDGE_READERS}
+PARTS = {"probe": PROBE_READERS, "retrieval": BI_READERS, "flag-first": FLAG_FIRST_READERS, "judge": JUDGE_READERS}
 
 
 # ----------------------------------------------------------------------------- scores at the rate kept, the controls
@@ -29,7 +27,6 @@ def controls(data):
     """Each part's positive control, from the cells and the rules."""
     out = {}
     for part, metric, rule in (("retrieval", "recall@1", data["rules"]["retrieval"]["n-gram cosine"]["recall@1"]),
-                               ("reranking", "hits@1", data["rules"]["retrieval"]["n-gram cosine"]["hits@1"]),
                                ("judge", "accuracy", data["rules"]["judge"]["n-gram logistic regression"])):
         scores = {f"{name} ({how})": kept_values(data, part, f"{name} ({how})", metric) for name, how in PARTS[part]}
         scores = {reader: v for reader, v in scores.items() if v}
@@ -40,31 +37,15 @@ def controls(data):
 
 # ----------------------------------------------------------------------------- the report
 
-def per_step(s):
-    """What each reranker reads and scores per fine-tuning step: (characters read, pairs scored)."""
-    document = 2 * s["line"] + 3  # two lines, the flag, two newlines
-    pairs = s["rerank_batch"] * (s["rerank_negatives"] + 1)
-    return {"bi-encoder": (s["batch_size"] * (s["line"] + document), s["batch_size"] ** 2),
-            "cross-encoder": (pairs * (s["line"] + 1 + document), pairs)}
-
-
 def recipe_text(data, s):
     """The fine-tuning recipe, the same for every reader, in words."""
-    (bi_chars, bi_pairs), (cross_chars, cross_pairs) = per_step(s).values()
     return (f"Fine-tuning, the same for every reader: {s['steps']} steps of AdamW, batch {s['batch_size']}, the "
             f"backbone at each rate of the grid {', '.join(f'{r:g}' for r in s['rates'])} (a fresh head at "
             f"{s['head_learning_rate']:g}), warmup over the first {100 * s['warmup']:.0f}% of the steps, then "
             f"linear to 0 (a reader whose best rate is at the grid's edge is also tried at {s['grown'][0]:g} or "
             f"{s['grown'][1]:g}); the rate kept for a reader is the one of best mean score over seeds on tuning "
             f"items held out of the training ones ({s['tune_lines']} lines, {s['tune_queries']} candidate sets, "
-            f"{s['judge_tune']} agreement examples; never an evaluation item): section 5 gives every rate's score. "
-            f"Per step the bi-encoder reads {s['batch_size']} queries and {s['batch_size']} documents ({bi_chars} "
-            f"characters) and scores {bi_pairs} (query, document) pairs by dot products; the cross-encoder reads "
-            f"{s['rerank_batch']} queries x {s['rerank_negatives'] + 1} candidates, {cross_pairs} pairs, each one "
-            f"sequence ({cross_chars} characters): " + (
-                "the same characters per step (about the same FLOPs), not the same pairs" if
-                abs(cross_chars / bi_chars - 1) < 0.1 else f"{cross_chars / bi_chars:.2f} x the bi-encoder's "
-                f"characters per step") + " (echo reads every text twice).")
+            f"{s['judge_tune']} agreement examples; never an evaluation item): section 4 gives every rate's score.")
 
 
 def report(data, s, scale):
@@ -113,7 +94,8 @@ def report(data, s, scale):
               f"{data['task sizes']['eval lines']} queries, each ranked among all {data['task sizes']['eval lines']} "
               f"evaluation documents (two lines of {s['line']} characters and the flag); hard negative first: how "
               f"often the document whose *other* line is the query ranks first; hits@1: among {s['candidates']} "
-              f"candidates (part 3's sets). Flag first: the same documents with the flag as their first line.", "",
+              f"candidates (the right document, its hard negative, {s['candidates'] - 2} others, for "
+              f"{s['rerank_queries']} queries). Flag first: the same documents with the flag as their first line.", "",
               "| reader | recall@1 | MRR | hard negative first | hits@1 of " + str(s["candidates"])
               + " | rate kept | recall@1, flag first | its rate kept |", "|---|---|---|---|---|---|---|---|"]
     for name, how in BI_READERS:
@@ -129,33 +111,7 @@ def report(data, s, scale):
                      if rule != "chance" else f"| (rule) chance | {100 * v['recall@1']:.2f}% | {100 * v['mrr']:.2f}% | "
                      f"- | {100 * v['hits@1']:.1f}% | - | - | - |")
     lines += ["", control_line("retrieval"), "",
-              "## 3. Reranking: a cross-encoder against the bi-encoder", "",
-              f"hits@1 among {s['candidates']} candidates ({s['rerank_queries']} queries: the right document, its "
-              f"hard negative, {s['candidates'] - 2} others); the bi-encoder column is part 2's, same sets. Price: "
-              f"median ms per query over {s['timing_repeats']} repeats, first seed, on this machine.", "",
-              f"| reader | bi-encoder hits@1 | its rate kept | cross-encoder hits@1 | its rate kept | "
-              f"cross, ms/query ({s['candidates']} / {data['task sizes']['eval lines']}) | bi, ms/query "
-              f"({s['candidates']} / {data['task sizes']['eval lines']}) | bi, ms per document (once) |",
-              "|---|---|---|---|---|---|---|---|"]
-    for name, how in CROSS_READERS:
-        reader = f"{name} ({how})"
-        times = ["-"] * 3
-        if reader in data.get("prices", {}):
-            p, n = data["prices"][reader], data["task sizes"]["eval lines"]
-            times = [f"{p['cross-encoder, %d candidates' % s['candidates']]:.1f} / "
-                     f"{p['cross-encoder, %d candidates' % n]:.1f}",
-                     f"{p['bi-encoder, %d candidates' % s['candidates']]:.2f} / "
-                     f"{p['bi-encoder, %d candidates' % n]:.2f}",
-                     f"{p['bi-encoder, encoding one document (once)']:.3f}"]
-        lines.append(f"| {reader} | {pct(kept_values(data, 'retrieval', reader, 'hits@1'))} | "
-                     f"{rate_kept(data['cells'], 'retrieval', reader)} | {pct(kept_values(data, 'reranking', reader, 'hits@1'))} | "
-                     f"{rate_kept(data['cells'], 'reranking', reader)} | " + " | ".join(times) + " |")
-    (bi_chars, bi_pairs), (cross_chars, cross_pairs) = per_step(s).values()
-    lines += [f"| (rule) n-gram cosine | {100 * r['retrieval']['n-gram cosine']['hits@1']:.1f}% | - | - | - | - | - "
-              f"| - |", "", f"Pairs per fine-tuning step: the bi-encoder scores {bi_pairs} (reading {bi_chars} "
-              f"characters), the cross-encoder {cross_pairs} (reading {cross_chars}).", "",
-              control_line("reranking"), "",
-              "## 4. A whole-input judgement: do the two lines agree?", "",
+              "## 3. A whole-input judgement: do the two lines agree?", "",
               f"{data['task sizes']['judge train']} training and {data['task sizes']['judge eval']} evaluation "
               f"examples of two {s['judge_line']}-character lines, half agreeing; accuracy. Each reader trains until "
               f"its accuracy on the {s['judge_tune']} tuning items stops improving ({s['patience']} checks in a row, "
@@ -172,7 +128,7 @@ def report(data, s, scale):
     for rule, v in r["judge"].items():
         lines.append(f"| (rule) {rule} | {100 * v:.1f}% | - | - | - | - |")
     columns = sorted({c["learning rate"] for c in data["cells"] if "learning rate" in c})
-    lines += ["", control_line("judge"), "", "## 5. The rate grid: every rate's mean score on the tuning items", "",
+    lines += ["", control_line("judge"), "", "## 4. The rate grid: every rate's mean score on the tuning items", "",
               f"The grid is {', '.join(f'{r:g}' for r in s['rates'])}; a reader whose best rate was at its edge was "
               f"also tried one rate past it ({s['grown'][0]:g} or {s['grown'][1]:g}). The rate kept (bold) is the "
               f"best; one still at the edge of the rates tried is marked: a rate beyond it might do better.", "",
@@ -186,8 +142,7 @@ def report(data, s, scale):
             ("-" if not v else (f"**{100 * np.mean(v):.1f}%**" if x == rate else f"{100 * np.mean(v):.1f}%"))
             for x, v in by_rate.items()) + f" | {rate_kept(data['cells'], part, reader)} |")
     head, *sections = "\n".join(lines).split("\n## ")  # only the sections of the parts run
-    shown = {"1": {"probe"}, "2": {"retrieval", "flag-first"}, "3": {"reranking"}, "4": {"judge"},
-             "5": set(PARTS) - {"probe"}}
+    shown = {"1": {"probe"}, "2": {"retrieval", "flag-first"}, "3": {"judge"}, "4": set(PARTS) - {"probe"}}
     return "\n## ".join([head] + [text for text in sections if shown[text[0]] & set(data["parts"])])
 
 
@@ -195,27 +150,17 @@ def plot(data, path):
     plt = pyplot()
     if plt is None:
         return
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
     readers = [f"{name} ({how})" for name, how in BI_READERS]
     for offset, part in ((-0.2, "retrieval"), (0.2, "flag-first")):
         v = [kept_values(data, part, r, "recall@1") for r in readers]
-        axes[0].bar(np.arange(len(readers)) + offset, [100 * np.mean(x) if x else 0 for x in v], 0.4,
-                    yerr=[100 * np.std(x, ddof=1) if len(x) > 1 else 0 for x in v], capsize=3,
-                    label="flag last" if part == "retrieval" else "flag first (control)")
-    axes[0].axhline(100 * data["rules"]["retrieval"]["n-gram cosine"]["recall@1"], color="grey", linestyle=":",
-                    label="n-gram cosine rule")
-    axes[0].set_xticks(np.arange(len(readers)), readers, rotation=30, ha="right", fontsize=8)
-    axes[0].set_title("bi-encoder retrieval: recall@1 (%) by reader and pooling")
-    axes[0].legend(fontsize=7)
-    readers = [f"{name} ({how})" for name, how in CROSS_READERS]
-    for offset, (part, label) in ((-0.2, ("retrieval", "bi-encoder")), (0.2, ("reranking", "cross-encoder"))):
-        v = [kept_values(data, part, r, "hits@1") for r in readers]
-        axes[1].bar(np.arange(len(readers)) + offset, [100 * np.mean(x) if x else 0 for x in v], 0.4,
-                    yerr=[100 * np.std(x, ddof=1) if len(x) > 1 else 0 for x in v], capsize=3, label=label)
-    axes[1].axhline(100 * data["rules"]["retrieval"]["n-gram cosine"]["hits@1"], color="grey", linestyle=":",
-                    label="n-gram cosine rule")
-    axes[1].set_xticks(np.arange(len(readers)), readers, rotation=30, ha="right", fontsize=8)
-    axes[1].set_title(f"reranking: hits@1 of {data['settings']['candidates']} (%)")
-    axes[1].legend(fontsize=7)
+        ax.bar(np.arange(len(readers)) + offset, [100 * np.mean(x) if x else 0 for x in v], 0.4,
+               yerr=[100 * np.std(x, ddof=1) if len(x) > 1 else 0 for x in v], capsize=3,
+               label="flag last" if part == "retrieval" else "flag first (control)")
+    ax.axhline(100 * data["rules"]["retrieval"]["n-gram cosine"]["recall@1"], color="grey", linestyle=":",
+               label="n-gram cosine rule")
+    ax.set_xticks(np.arange(len(readers)), readers, rotation=30, ha="right", fontsize=8)
+    ax.set_title("bi-encoder retrieval: recall@1 (%) by reader and pooling")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     save(fig, path, dpi=110)

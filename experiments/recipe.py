@@ -55,7 +55,7 @@ def train(backbone, head, steps, s, batch_loss, stop, seed, validate=None):
     optimizer = torch.optim.AdamW(groups, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: rate_factor(step, steps, s["warmup"]))
     rng = np.random.default_rng(seed)
-    checks, best, best_weights = [], None, None
+    checks, best, best_at, best_weights = [], None, 0, None
     for step in range(steps):
         if stop:
             raise KeyboardInterrupt
@@ -72,9 +72,10 @@ def train(backbone, head, steps, s, batch_loss, stop, seed, validate=None):
             for m in modules:
                 m.train()
             if best is None or checks[-1][1] > best:  # the weights worth keeping, copied off the ones training
-                best, best_weights = checks[-1][1], [copy.deepcopy(m.state_dict()) for m in modules]
-            elif len(checks) - 1 - max(i for i, (_, v) in enumerate(checks) if v == best) >= s["patience"]:
-                break  # s["patience"] checks without a better score: validation stopped improving
+                best, best_at = checks[-1][1], len(checks)
+                best_weights = [copy.deepcopy(m.state_dict()) for m in modules]
+            elif len(checks) - best_at >= s["patience"]:
+                break  # s["patience"] checks without a better score (a tie is none): validation stopped improving
     if best_weights is not None:
         for m, weights in zip(modules, best_weights):
             m.load_state_dict(weights)

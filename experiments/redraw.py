@@ -38,6 +38,8 @@ def drawer(name):
         return draw_epochs
     elif kind == "encoders":
         from experiments.encoders_report import plot
+    elif kind == "rerankers":
+        from experiments.rerankers_report import plot
     elif kind == "masks":
         from experiments.attention import plot_masks as plot
     elif kind in ("plateau", "multiplier", "attention", "adaptation", "incontext", "curves"):

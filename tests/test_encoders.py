@@ -133,6 +133,23 @@ def test_a_failing_control_reads_failed():
                                                      "passed": False}}
 
 
+def test_the_report_shows_the_sections_of_the_parts_run():
+    """A run of some parts shows their sections only, numbered as the docstring numbers the parts (the judge 3,
+    the rate grid 4, shown for any fine-tuned part); no reranking section is left over."""
+    s = encoders.SCALES["quick"]
+    rule = {"recall@1": 0.1, "mrr": 0.2, "hard negative first": 0.3, "hits@1": 0.4}
+    data = {"seeds": [1], "machine": "a machine", "seconds": 60.0, "checkpoints": {}, "steps_multiple": 1,
+            "cells": [], "controls": {}, "rules": {"probe": {"n-gram rule": 0.5}, "retrieval": {"n-gram cosine": rule},
+                                                   "judge": {"majority class": 0.5}},
+            "task sizes": {"probe eval": 4, "eval lines": 4, "judge train": 4, "judge eval": 4}}
+    for parts, numbers in ((["probe"], ["1"]), (["judge"], ["3", "4"]), (["retrieval", "flag-first"], ["2", "4"]),
+                           (list(encoders.PARTS), ["1", "2", "3", "4"])):
+        text = encoders_report.report(dict(data, parts=parts), s, "quick")
+        assert re.findall(r"^## (\d)\.", text, flags=re.M) == numbers, parts
+        assert ("whole-input judgement" in text) == ("judge" in parts) and "cross-encoder" not in text
+    assert set(encoders.PARTS) == {"probe", "retrieval", "flag-first", "judge"}
+
+
 def plain_cosine(a, b):
     count = lambda t: Counter(t[i:i + n] for n in (1, 2, 3) for i in range(len(t) - n + 1))  # noqa: E731
     x, y = count(a), count(b)
@@ -216,7 +233,8 @@ def test_the_flag_first_part_reads_the_same_documents_flag_first(quick_task, mon
 
 
 def texts_read_while_training(monkeypatch):
-    """A list that fills with every text embedded while a fine-tuning loop (encoders.train) runs."""
+    """A list that fills with every text embedded with gradients while a fine-tuning loop (encoders.train) runs:
+    what it trains on (its validation checks read the tuning items without gradients, to stop early)."""
     read, training = [], []
     real_train, real_embed = encoders.train, encoders.embed
 
@@ -228,7 +246,7 @@ def texts_read_while_training(monkeypatch):
             training.pop()
 
     def watched_embed(backbone, texts, how, span=None):
-        if training:
+        if training and torch.is_grad_enabled():
             read.extend(texts)
         return real_embed(backbone, texts, how, span)
 
@@ -253,7 +271,7 @@ def test_no_evaluation_text_is_fine_tuned_on(quick_task, monkeypatch):
     assert all(encoder_tasks.flagged_line(d) == line for d, line in zip(task["tune_docs"], task["tune_lines"]))
     read = texts_read_while_training(monkeypatch)
     s = dict(encoders.SCALES["quick"], learning_rate=1e-3)
-    for part in ("retrieval", "flag-first", "reranking", "judge"):
+    for part in ("retrieval", "flag-first", "judge"):
         encoders.run_one(part, tiny_backbone("bert"), "mean", task, s, 0, stop=False)
     assert read
     evaluation = set(task["eval_lines"]) | {line for t in task["judge_eval"] for line in t.split("\n")}
@@ -268,26 +286,24 @@ def test_the_experiment_runs_end_to_end(char_dataset, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     data = json.loads((tmp_path / "encoders-quick.json").read_text())
     text = (tmp_path / "encoders-quick.md").read_text()
-    assert "smoke run" in text and text.count("Positive control:") == 3 and data["machine"]
+    assert "smoke run" in text and text.count("Positive control:") == 2 and data["machine"]
     rates = encoders.SCALES["quick"]["rates"]  # every fine-tuned reader at every rate of the grid
     planned = sum(len(readers) * (1 if part == "probe" else len(rates)) for part, readers in encoders.PARTS.items())
     grid = [c for c in data["cells"] if c.get("learning rate") in (None, *rates)]
-    assert len(grid) == planned and set(data["controls"]) == {"retrieval", "reranking", "judge"}
+    assert len(grid) == planned and set(data["controls"]) == {"retrieval", "judge"}
     beyond = [c for c in data["cells"] if c not in grid]  # the grid grown past a rate kept at its edge, never more
     assert all(c["learning rate"] in encoders.SCALES["quick"]["grown"] for c in beyond)
     assert not recipe.grow(data["cells"], encoders.SCALES["quick"]["grown"], data["seeds"])
-    assert "## 5. The rate grid" in text and "rate kept" in text
+    assert "## 4. The rate grid" in text and "rate kept" in text
     again = run_script("experiments/encoders.py", "--quick", f"--out_dir={tmp_path}", f"--dataset={char_dataset}",
                        f"--study_dir={tmp_path / 'study'}", "--reuse=True")  # every cell kept: none runs again
     assert again.returncode == 0 and "done:" not in again.stdout and "kept from the earlier run" in again.stdout
     assert json.loads((tmp_path / "encoders-quick.json").read_text())["cells"] == data["cells"]
-    metric = {"probe": "balanced accuracy", "retrieval": "recall@1", "flag-first": "recall@1", "reranking": "hits@1",
+    metric = {"probe": "balanced accuracy", "retrieval": "recall@1", "flag-first": "recall@1",
               "judge": "accuracy"}  # each part measured by its own cell
     assert all(metric[c["part"]] in c for c in data["cells"]) and set(metric) == set(encoders.PARTS)
     gpt = [c for c in data["cells"] if (c["part"], c["reader"]) == ("probe", "gpt (mean)")][0]
     assert gpt["equal pairs"] == gpt["pairs"] and gpt["balanced accuracy"] == 0.5
-    priced = data["prices"]
-    assert len(priced) == len(encoders.CROSS_READERS) and all(v > 0 for p in priced.values() for v in p.values())
 
     # --jobs=2: the same cells, in worker processes; the multiprocessing resource tracker killed (kill -9) on the
     # way changes nothing and prints nothing (a pool's queues left it semaphores to clean: KeyError tracebacks)
@@ -322,18 +338,18 @@ def test_the_experiment_runs_end_to_end(char_dataset, tmp_path):
 
 def test_each_part_runs_its_own_cell():
     """run_one sends each part to its own cell: the flag-first part to the bi-encoder with the flag first (a part
-    sent to the flag-last cell would repeat the retrieval column), reranking to the cross-encoder."""
+    sent to the flag-last cell would repeat the retrieval column)."""
     called = []
     fake = {name: (lambda name: lambda *args, **kwargs: called.append((name, args[-1] if name == "biencoder_cell"
                                                                         else None)) or {})(name)
-            for name in ("probe_cell", "biencoder_cell", "crossencoder_cell", "judge_cell")}
+            for name in ("probe_cell", "biencoder_cell", "judge_cell")}
     with pytest.MonkeyPatch.context() as patch:
         for name, function in fake.items():
             patch.setattr(encoders, name, function)
         for part in encoders.PARTS:
             encoders.run_one(part, None, "mean", {}, {}, 0, False)
     assert called == [("probe_cell", None), ("biencoder_cell", "end"), ("biencoder_cell", "first"),
-                      ("crossencoder_cell", None), ("judge_cell", None)]
+                      ("judge_cell", None)]
 
 
 def test_both_flags_occur_about_equally_and_name_their_line(quick_task):
@@ -415,62 +431,6 @@ def test_each_seed_fine_tunes_its_own_pretraining_run(char_dataset, tmp_path, mo
     assert loaded == [folders[key] for key in plan] and ran == [seed for _, seed in plan]
 
 
-def hand_scorer(backbone, head, queries, docs, how):
-    """An oracle cross-encoder: 1 where the document is the query's (its flag names the query's line), else 0."""
-    return torch.tensor([float(encoder_tasks.flagged_line(d) == q) for q, d in zip(queries, docs)])
-
-
-def test_the_cross_encoder_trains_on_its_query_its_document_and_its_hard_negative(quick_task, monkeypatch):
-    """A training batch, against a hand-made reference: each query meets its own document (the target, column
-    0), its hard negative (column 1) and others; the loss is the softmax cross-entropy of exactly that layout; the
-    head gets a gradient; scored by an oracle, the evaluation's hits@1 is 100%."""
-    _, task = quick_task
-    s = dict(encoders.SCALES["quick"], rerank_batch=3, rerank_negatives=2)  # 3 candidates per query
-    captured = {}
-    monkeypatch.setattr(encoders, "train", lambda backbone, head, steps, s, batch_loss, stop, seed:
-                        captured.update(head=head, batch_loss=batch_loss))
-    monkeypatch.setattr(encoders, "cross_scores", hand_scorer)
-    result = encoders.crossencoder_cell(tiny_backbone("bert"), "mean", task, s, 0, False)
-    assert result["hits@1"] == 1.0  # the oracle's scores laid out per query as the candidate sets are
-    assert captured["head"] is not None and captured["head"].weight.requires_grad  # a head to train
-    read = []
-
-    def scorer(backbone, head, queries, docs, how):
-        read.append((list(queries), list(docs)))
-        g = torch.Generator().manual_seed(len(read))
-        return torch.randn(len(queries), generator=g, requires_grad=True)
-    monkeypatch.setattr(encoders, "cross_scores", scorer)
-    loss = captured["batch_loss"](np.random.default_rng(0))
-    (queries, docs), = read
-    scores = torch.randn(len(queries), generator=torch.Generator().manual_seed(1))
-    assert len(queries) == 3 * 3
-    expected = 0.0
-    for row in range(3):  # query `row` of the batch: its own document first, then its hard negative
-        q = queries[3 * row]
-        assert queries[3 * row:3 * row + 3] == [q] * 3
-        mine, hard, other = docs[3 * row:3 * row + 3]
-        assert encoder_tasks.flagged_line(mine) == q and q in hard.split("\n")[:2]
-        assert encoder_tasks.flagged_line(hard) != q and encoder_tasks.flagged_line(other) != q
-        row_scores = scores[3 * row:3 * row + 3]
-        expected -= (row_scores[0] - torch.logsumexp(row_scores, 0)).item()
-    assert loss.item() == pytest.approx(expected / 3, rel=1e-5)
-
-
-def test_a_reranker_reads_each_pair_at_its_readers_position():
-    """cross_scores pools (query, document) read together as the reader says: gpt's last position (the only one
-    that has read both), bert's mean; the head's score is a linear function of that state."""
-    assert ("gpt", "last") in encoders.CROSS_READERS and ("gpt", "mean") not in encoders.CROSS_READERS
-    for arch, how in (("gpt", "last"), ("bert", "mean")):
-        backbone = tiny_backbone(arch)
-        head = torch.nn.Linear(16, 1)
-        with torch.no_grad():
-            got = encoders.cross_scores(backbone, head, ["to be"], ["or not"], how)
-            ids = torch.tensor([backbone.tokenizer.encode("to be\nor not")])
-            hidden = hidden_states(backbone.model, ids, torch.tensor([ids.size(1)]))[0]
-            state = hidden[-1] if how == "last" else hidden.mean(0)
-        assert torch.allclose(got, head(state), atol=1e-6)
-
-
 def test_the_judgement_rule_and_the_probe_learn_from_training_examples_only(quick_task, monkeypatch):
     """The n-gram rules are fitted on the training examples (fitted on the evaluation ones they would score far
     above what a rule can do); the structural probe is trained on the training windows' vectors: trained on a
@@ -532,40 +492,20 @@ def test_mrr_counts_every_rank():
     assert encoders.recall_and_mrr(similarity)["mrr"] == pytest.approx((29 + 1 / 20) / 30)
 
 
-def test_the_reranking_control_is_measured_against_the_rules_hits_at_1():
-    data = {"rules": {"retrieval": {"n-gram cosine": {"recall@1": 0.1, "hits@1": 0.6}},
-                      "judge": {"n-gram logistic regression": 0.5}},
-            "cells": [{"part": "reranking", "reader": "bert (mean)", "seed": s, "hits@1": 0.65} for s in range(3)]}
-    control = encoders_report.controls(data)["reranking"]
-    assert control["rule"] == 0.6 and not control["passed"]  # 0.65 < 0.6 + the margin
-
-
-def test_the_price_times_what_its_columns_name(quick_task, monkeypatch):
-    """The bi-encoder's time per query includes encoding the query; the cross-encoder's for every evaluation
-    document reads every one of them (not the first 256)."""
-    _, task = quick_task
-    docs = [f"doc {k:04d}\nx\nA" for k in range(300)]
-    task = dict(task, docs=docs)
-    work_read = []
-    real = encoders.embed
-
-    def watched(backbone, texts, how, span=None):
-        work_read.append(list(texts))
-        return real(backbone, texts, how, span)
-
-    def once(work, device, repeats, warmup=0):
-        work_read.clear()
-        work()
-        timed.append([t for batch in work_read for t in batch])
-        return 0.001
-    timed = []
-    monkeypatch.setattr(encoders, "median_time", once)
-    monkeypatch.setattr(encoders, "embed", watched)
-    encoders.price(tiny_backbone("bert"), "mean", task, dict(encoders.SCALES["quick"]))
-    cross_all, bi_all = timed[2], timed[3]  # (20 candidates: cross, bi; then every document: cross, bi)
-    query = task["eval_lines"][0]
-    assert len(cross_all) == len(docs) and all(t.startswith(query + "\n") for t in cross_all)
-    assert bi_all == [query] and timed[1] == [query]
+def test_reuse_keeps_the_cells_of_the_same_settings_only(tmp_path):
+    """--reuse=True keeps an earlier run's cells when every setting this code reads is the same (a setting only an
+    older version had, such as the reranking part's, decides nothing; the grid's growth is a plan); one setting
+    changed, or other checkpoints, and every cell runs again."""
+    s = encoders.SCALES["quick"]
+    data = {"seeds": [1], "parts": ["judge"], "checkpoints": {"bert, seed 1": {"written": 5}}, "settings": s}
+    cells = [{"part": "judge", "reader": "bert (mean)", "seed": 1, "accuracy": 0.5}]
+    path = tmp_path / "encoders-quick-judge.json"
+    for earlier, kept in ((dict(s, rerank_batch=4, grown=(1e-5, 1e-1)), True), (dict(s, judge_steps=7), False),
+                          (dict(s, temperature=None), False)):
+        path.write_text(json.dumps(dict(data, settings=earlier, cells=cells, seconds=9.0)))
+        assert encoders.earlier_cells(str(path), data) == ((cells, 9.0) if kept else ([], 0.0)), earlier
+    path.write_text(json.dumps(dict(data, checkpoints={"bert, seed 1": {"written": 6}}, cells=cells, seconds=9.0)))
+    assert encoders.earlier_cells(str(path), data) == ([], 0.0)
 
 
 @pytest.mark.parametrize("stop_at", [0, 3])
@@ -646,21 +586,6 @@ def test_the_schedule_warms_up_then_decays_to_zero():
         torch.optim.AdamW.step = real_step
     expected = [recipe.rate_factor(step, 8, 0.25) for step in range(8)]
     assert [pytest.approx([1e-3 * f, 3e-3 * f]) for f in expected] == seen
-
-
-@pytest.mark.parametrize("part", ["retrieval", "reranking"])
-def test_each_reranker_reads_the_characters_per_step_the_report_states(quick_task, monkeypatch, part):
-    """The recipe's "same characters per step": what one training step of the bi-encoder and of the cross-encoder
-    actually embeds is what per_step says (and at the cpu scale the two are within 5% of each other)."""
-    _, task = quick_task
-    s = dict(encoders.SCALES["quick"], steps=1, learning_rate=1e-3)
-    read = texts_read_while_training(monkeypatch)
-    encoders.run_one(part, tiny_backbone("bert"), "mean", task, s, 0, stop=False)
-    characters, pairs = encoders_report.per_step(s)["bi-encoder" if part == "retrieval" else "cross-encoder"]
-    assert sum(len(t) for t in read) == characters
-    assert len(read) == (2 * s["batch_size"] if part == "retrieval" else pairs)
-    cpu = encoders_report.per_step(encoders.SCALES["cpu"])
-    assert abs(cpu["bi-encoder"][0] / cpu["cross-encoder"][0] - 1) < 0.05
 
 
 def test_the_grid_grows_past_a_rate_kept_at_its_edge_once():
