@@ -44,8 +44,9 @@ def train(backbone, head, steps, s, batch_loss, stop, seed, validate=None):
 
     validate: None (every step runs), or a function () -> score on the tuning items (higher is better) for early
     stopping: it is called every s["check_every"] steps and at the end; the weights of the best score are put back
-    at the end, and training stops once s["patience"] checks in a row gave no better score (the steps then are
-    the most it may run: the schedule still decays over them). Returns [(steps done, score)] of every check."""
+    at the end (the first check of the best score), and training stops once s["patience"] checks in a row fell
+    under the best score (a check level with it restarts the count; the steps then are the most it may run: the
+    schedule still decays over them). Returns [(steps done, score)] of every check."""
     groups, modules = [], [m for m in (backbone and backbone.model, head) if m is not None]
     if backbone is not None:
         backbone.model.train()
@@ -72,10 +73,11 @@ def train(backbone, head, steps, s, batch_loss, stop, seed, validate=None):
             for m in modules:
                 m.train()
             if best is None or checks[-1][1] > best:  # the weights worth keeping, copied off the ones training
-                best, best_at = checks[-1][1], len(checks)
-                best_weights = [copy.deepcopy(m.state_dict()) for m in modules]
+                best, best_weights = checks[-1][1], [copy.deepcopy(m.state_dict()) for m in modules]
+            if checks[-1][1] >= best:  # (a tie with the best restarts the count: validation is still level)
+                best_at = len(checks)
             elif len(checks) - best_at >= s["patience"]:
-                break  # s["patience"] checks without a better score (a tie is none): validation stopped improving
+                break  # s["patience"] checks in a row under the best score: validation stopped improving
     if best_weights is not None:
         for m, weights in zip(modules, best_weights):
             m.load_state_dict(weights)

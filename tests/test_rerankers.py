@@ -176,9 +176,9 @@ def test_the_tasks_keep_evaluation_and_tuning_items_apart(quick_tasks):
 # ----------------------------------------------------------------------------- early stopping, FLOPs
 
 def test_early_stopping_stops_after_patience_checks_and_keeps_the_best_weights():
-    """train(validate=...): a check every check_every steps and at the last; after `patience` checks in a row
-    without a better score (a tie is not better) it stops, returns every check, and puts back the weights of the
-    best (the first best) check; a score that keeps rising runs every step and keeps the last."""
+    """train(validate=...): a check every check_every steps and at the last; after `patience` checks in a row under
+    the best score (one level with it restarts the count) it stops, returns every check, and puts back the weights
+    of the first check of the best score; a score that keeps rising runs every step and keeps the last."""
     torch.manual_seed(0)
     x = torch.randn(8, 3)
     s = {"head_learning_rate": 0.05, "warmup": 0.1, "check_every": 1, "patience": 2}
@@ -193,7 +193,7 @@ def test_early_stopping_stops_after_patience_checks_and_keeps_the_best_weights()
                               False, 0, validate=validate)
         return checks, head, seen
     checks, head, seen = run(20, itertools.chain([0.1, 0.5, 0.5, 0.4], itertools.repeat(0.3)))
-    assert checks == [(1, 0.1), (2, 0.5), (3, 0.5), (4, 0.4)]
+    assert checks == [(1, 0.1), (2, 0.5), (3, 0.5), (4, 0.4), (5, 0.3)]
     assert torch.equal(head.weight, seen[1]) and not torch.equal(seen[1], seen[-1]) and not head.training
     checks, head, seen = run(5, itertools.count(), check_every=2)
     assert checks == [(2, 0), (4, 1), (5, 2)] and torch.equal(head.weight, seen[-1])
