@@ -147,20 +147,44 @@ def report(data, s, scale):
 
 
 def plot(data, path):
+    """A panel per kind of part run: the bi-encoders' recall@1 by reader (flag last and first); the judgement's
+    tuning accuracy at every check against the training FLOPs spent so far (the rate kept, a line per seed)."""
     plt = pyplot()
     if plt is None:
         return
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    readers = [f"{name} ({how})" for name, how in BI_READERS]
-    for offset, part in ((-0.2, "retrieval"), (0.2, "flag-first")):
-        v = [kept_values(data, part, r, "recall@1") for r in readers]
-        ax.bar(np.arange(len(readers)) + offset, [100 * np.mean(x) if x else 0 for x in v], 0.4,
-               yerr=[100 * np.std(x, ddof=1) if len(x) > 1 else 0 for x in v], capsize=3,
-               label="flag last" if part == "retrieval" else "flag first (control)")
-    ax.axhline(100 * data["rules"]["retrieval"]["n-gram cosine"]["recall@1"], color="grey", linestyle=":",
-               label="n-gram cosine rule")
-    ax.set_xticks(np.arange(len(readers)), readers, rotation=30, ha="right", fontsize=8)
-    ax.set_title("bi-encoder retrieval: recall@1 (%) by reader and pooling")
-    ax.legend(fontsize=7)
+    panels = [kind for kind, parts in (("retrieval", {"retrieval", "flag-first"}), ("judge", {"judge"}))
+              if parts & set(data["parts"])]
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.5), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        if panel == "retrieval":
+            readers = [f"{name} ({how})" for name, how in BI_READERS]
+            for offset, part in ((-0.2, "retrieval"), (0.2, "flag-first")):
+                v = [kept_values(data, part, r, "recall@1") for r in readers]
+                ax.bar(np.arange(len(readers)) + offset, [100 * np.mean(x) if x else 0 for x in v], 0.4,
+                       yerr=[100 * np.std(x, ddof=1) if len(x) > 1 else 0 for x in v], capsize=3,
+                       label="flag last" if part == "retrieval" else "flag first (control)")
+            ax.axhline(100 * data["rules"]["retrieval"]["n-gram cosine"]["recall@1"], color="grey", linestyle=":",
+                       label="n-gram cosine rule")
+            ax.set_xticks(np.arange(len(readers)), readers, rotation=30, ha="right", fontsize=8)
+            ax.set_title("bi-encoder retrieval: recall@1 (%) by reader and pooling")
+        else:
+            kept = kept_rates(data["cells"])
+            for k, (name, how) in enumerate(JUDGE_READERS):
+                reader = f"{name} ({how})"
+                cells = [c for c in data["cells"] if (c["part"], c["reader"]) == ("judge", reader)
+                         and c.get("learning rate") == kept.get(("judge", reader))]
+                for j, cell in enumerate(cells):
+                    ax.plot([x[2] for x in cell["checks"]], [100 * x[1] for x in cell["checks"]], "-o",
+                            color=f"C{k}", markersize=3, label=reader if j == 0 else None)
+            ax.axhline(100 * data["rules"]["judge"]["n-gram logistic regression"], color="grey", linestyle=":",
+                       label="n-gram rule")
+            ax.axhline(50, color="black", linestyle=":", linewidth=0.8, label="chance")
+            ax.set_xscale("log")
+            ax.set_xlabel("training FLOPs spent (fine-tuning)")
+            ax.set_ylabel("accuracy on the tuning items (%)")
+            ax.set_title("do the two lines agree? trained until validation stops improving")
+        ax.legend(fontsize=7)
     fig.tight_layout()
     save(fig, path, dpi=110)
