@@ -39,13 +39,47 @@ def controls(data):
 
 def recipe_text(data, s):
     """The fine-tuning recipe, the same for every reader, in words."""
-    return (f"Fine-tuning, the same for every reader: {s['steps']} steps of AdamW, batch {s['batch_size']}, the "
+    steps = f"{s['steps']} steps" + (" (the judgement: until validation stops improving, section 3)" if
+                                      "judge" in data["parts"] else "")
+    return (f"Fine-tuning, the same for every reader: {steps} of AdamW, batch {s['batch_size']}, the "
             f"backbone at each rate of the grid {', '.join(f'{r:g}' for r in s['rates'])} (a fresh head at "
             f"{s['head_learning_rate']:g}), warmup over the first {100 * s['warmup']:.0f}% of the steps, then "
             f"linear to 0 (a reader whose best rate is at the grid's edge is also tried at {s['grown'][0]:g} or "
             f"{s['grown'][1]:g}); the rate kept for a reader is the one of best mean score over seeds on tuning "
             f"items held out of the training ones ({s['tune_lines']} lines, {s['tune_queries']} candidate sets, "
             f"{s['judge_tune']} agreement examples; never an evaluation item): section 4 gives every rate's score.")
+
+
+def control_line(data, part):
+    c = data["controls"].get(part)
+    if c is None:
+        return "Positive control: not run."
+    word = "passed" if c["passed"] else "FAILED (no verdict from this part)"
+    spread = "(one seed)" if c["std"] is None else f"+- {100 * c['std']:.1f}"
+    return (f"Positive control: {word}: best {c['best']} {100 * c['mean']:.1f}% {spread} against the spelling "
+            f"rule's {100 * c['rule']:.1f}%.")
+
+
+def judge_section(data, s):
+    """Section 3: the judgement, each reader trained to early stopping, the compute it spent beside its score."""
+    pct = lambda v: plus_minus(v, 1, percent=True)  # noqa: E731
+    lines = ["## 3. A whole-input judgement: do the two lines agree?", "",
+             f"{data['task sizes']['judge train']} training and {data['task sizes']['judge eval']} evaluation "
+             f"examples of two {s['judge_line']}-character lines, half agreeing; accuracy. Each reader trains until "
+             f"its accuracy on the {s['judge_tune']} tuning items stops improving ({s['patience']} checks in a row "
+             f"under its best, one every {s['check_every']} steps; at most {s['judge_steps']} steps, the schedule "
+             f"decaying over them), then keeps the weights of its best check: the compute each spent is its own, "
+             f"found by validation (steps and training FLOPs: mean +- std over seeds, at the rate kept).",
+             "", "| reader | accuracy | rate kept | steps run | best step | training TFLOP |", "|---|---|---|---|---|---|"]
+    for name, how in JUDGE_READERS:
+        reader = f"{name} ({how})"
+        spent = [plus_minus([scale * v for v in kept_values(data, "judge", reader, key)], digits)
+                 for key, scale, digits in (("steps run", 1, 0), ("best step", 1, 0), ("flops", 1e-12, 2))]
+        lines.append(f"| {reader} | {pct(kept_values(data, 'judge', reader, 'accuracy'))} | "
+                     f"{rate_kept(data['cells'], 'judge', reader)} | " + " | ".join(spent) + " |")
+    for rule, v in data["rules"]["judge"].items():
+        lines.append(f"| (rule) {rule} | {100 * v:.1f}% | - | - | - | - |")
+    return lines + ["", control_line(data, "judge"), ""]
 
 
 def report(data, s, scale):
@@ -62,16 +96,6 @@ def report(data, s, scale):
               + (f" Every fine-tuning run at {data['steps_multiple']} x the scale's steps." if
                  data["steps_multiple"] > 1 else ""), "",
               backbones_line(data), ""]
-    outcome = data["controls"]
-
-    def control_line(part):
-        c = outcome.get(part)
-        if c is None:
-            return "Positive control: not run."
-        word = "passed" if c["passed"] else "FAILED (no verdict from this part)"
-        spread = "(one seed)" if c["std"] is None else f"+- {100 * c['std']:.1f}"
-        return (f"Positive control: {word}: best {c['best']} {100 * c['mean']:.1f}% {spread} against the spelling "
-                f"rule's {100 * c['rule']:.1f}%.")
 
     r = data["rules"]
     lines += ["## 1. The structural fact (an illustration: true by construction)", "",
@@ -110,25 +134,11 @@ def report(data, s, scale):
                      f"{100 * v['hard negative first']:.1f}% | {100 * v['hits@1']:.1f}% | - | - | - |"
                      if rule != "chance" else f"| (rule) chance | {100 * v['recall@1']:.2f}% | {100 * v['mrr']:.2f}% | "
                      f"- | {100 * v['hits@1']:.1f}% | - | - | - |")
-    lines += ["", control_line("retrieval"), "",
-              "## 3. A whole-input judgement: do the two lines agree?", "",
-              f"{data['task sizes']['judge train']} training and {data['task sizes']['judge eval']} evaluation "
-              f"examples of two {s['judge_line']}-character lines, half agreeing; accuracy. Each reader trains until "
-              f"its accuracy on the {s['judge_tune']} tuning items stops improving ({s['patience']} checks in a row, "
-              f"one every {s['check_every']} steps, without a better one; at most {s['judge_steps']} steps, the "
-              f"schedule decaying over them), then keeps the weights of its best check: the compute each spent is "
-              f"its own, found by validation (steps and training FLOPs: mean +- std over seeds, at the rate kept).",
-              "", "| reader | accuracy | rate kept | steps run | best step | training TFLOP |", "|---|---|---|---|---|---|"]
-    for name, how in JUDGE_READERS:
-        reader = f"{name} ({how})"
-        spent = [plus_minus([scale * v for v in kept_values(data, "judge", reader, key)], digits)
-                 for key, scale, digits in (("steps run", 1, 0), ("best step", 1, 0), ("flops", 1e-12, 2))]
-        lines.append(f"| {reader} | {pct(kept_values(data, 'judge', reader, 'accuracy'))} | "
-                     f"{rate_kept(data['cells'], 'judge', reader)} | " + " | ".join(spent) + " |")
-    for rule, v in r["judge"].items():
-        lines.append(f"| (rule) {rule} | {100 * v:.1f}% | - | - | - | - |")
+    lines += ["", control_line(data, "retrieval"), ""]
+    if "judge" in data["parts"]:
+        lines += judge_section(data, s)
     columns = sorted({c["learning rate"] for c in data["cells"] if "learning rate" in c})
-    lines += ["", control_line("judge"), "", "## 4. The rate grid: every rate's mean score on the tuning items", "",
+    lines += ["## 4. The rate grid: every rate's mean score on the tuning items", "",
               f"The grid is {', '.join(f'{r:g}' for r in s['rates'])}; a reader whose best rate was at its edge was "
               f"also tried one rate past it ({s['grown'][0]:g} or {s['grown'][1]:g}). The rate kept (bold) is the "
               f"best; one still at the edge of the rates tried is marked: a rate beyond it might do better.", "",
