@@ -10,8 +10,9 @@ beside the rules (tagging); then B2, one pretraining and a new head per task: ea
 question 5 (C2): the [MASK] mismatch, read on inputs without any [MASK] (the study's ablation);
 question 10 (E3, X1, F3): the chapter's scenarios for an encoder, each with its positive control (encoders):
 embedding models (retrieval of documents decided by their last line, and the control with it moved first),
-rerankers (a cross-encoder reranking the bi-encoder's top 20), a judgement on the whole input (do two lines
-agree?). Each block is the result file's own lines, under the file's name: what it prints is what the file says,
+rerankers (a cross-encoder and a bi-encoder reranking the same first-stage lists, near duplicates built for
+interaction: rerankers), a judgement on the whole input (do two lines agree? each reader trained until validation
+stops improving: encoders' judgement). Each block is the result file's own lines, under the file's name: what it prints is what the file says,
 whatever a rerun changed.
 """
 import os
@@ -20,6 +21,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TAGGING, FINETUNE = "results/structural/tagging-cpu.md", "results/study/finetune-cpu.md"
 STUDY, ENCODERS = "results/study/study-cpu.md", "results/structural/encoders-cpu.md"
+RERANKERS, JUDGE = "results/structural/rerankers-cpu.md", "results/structural/encoders-cpu-judge.md"
 ANSWERS = [  # question, claims, what it shows, the result file, the text its lines follow, the table's rows shown
     # (None: no table; () every row), the lines after it shown (those starting with one of these)
     (3, "B1", "per-character labels decided by what follows: a causal reader's own states against readers that "
@@ -35,10 +37,11 @@ ANSWERS = [  # question, claims, what it shows, the result file, the text its li
                "line first (the mechanism's control). The embedding-model scenario", ENCODERS,
      "## 2. Bi-encoder retrieval", ("| gpt (mean)", "| gpt (last)", "| gpt (echo)", "| bert (mean)",
                                     "| prefixlm (mean)", "| (rule) n-gram cosine |"), ("Positive control",)),
-    (10, "X1", "the reranker scenario: a cross-encoder reads query and candidate together and reranks the "
-               "bi-encoder's top 20", ENCODERS, "## 3. Reranking", (), ("Positive control",)),
-    (10, "F3", "a judgement on the whole input: do the two lines agree?", ENCODERS, "## 4. A whole-input judgement",
-     (), ("Positive control",)),
+    (10, "X1", "the reranker scenario: a cross-encoder and a bi-encoder rerank the same first-stage lists, each "
+               "trained on the same examples until validation stops improving; near duplicates, built for "
+               "interaction", RERANKERS, "## near duplicates", (), ("- ", "**Effect control")),
+    (10, "F3", "a judgement on the whole input: do the two lines agree? each reader trained until validation "
+               "stops improving", JUDGE, "## 3. A whole-input judgement", (), ("Positive control",)),
 ]
 
 

@@ -608,3 +608,32 @@ def test_the_grid_grows_past_a_rate_kept_at_its_edge_once():
     assert recipe.rate_kept(data["cells"], "retrieval", "gpt (last)") == "0.01 (edge)"
     data = {"cells": top + cells("gpt (last)", {1e-2: 0.05}), "settings": s}
     assert recipe.rate_kept(data["cells"], "retrieval", "gpt (last)") == "0.003"  # no longer at the edge of what was tried
+
+
+STRUCTURAL = os.path.join(ROOT, "results", "structural")
+
+
+@pytest.mark.parametrize("name", sorted(n for n in os.listdir(STRUCTURAL) if n.startswith("encoders-cpu")
+                                        and n.endswith(".json")))
+def test_the_committed_result_is_what_its_cells_say(name):
+    """Every committed encoders run: its controls recomputed from its cells, its .md the report of its .json; each
+    judgement cell trained to early stopping as it says: a check every check_every steps and at its last step,
+    the steps run the last check's, stopped only after `patience` checks in a row under its best (or at the cap),
+    its tuning score its best check's (the first of them, whose weights were kept) and its FLOPs the steps run
+    times one step's."""
+    data = json.load(open(os.path.join(STRUCTURAL, name)))
+    assert data["controls"] == encoders_report.controls(data)
+    with open(os.path.join(STRUCTURAL, name[:-5] + ".md"), encoding="utf-8") as f:
+        assert f.read() == encoders_report.report(data, data["settings"], data["scale"]) + "\n"
+    s = data["settings"]
+    for cell in (c for c in data["cells"] if c["part"] == "judge"):
+        steps = [check[0] for check in cell["checks"]]
+        scores = [check[1] for check in cell["checks"]]
+        assert steps == sorted(steps) and all(b - a == s["check_every"] for a, b in zip(steps, steps[1:-1]))
+        assert cell["steps run"] == steps[-1] <= s["judge_steps"]
+        best = max(scores)
+        assert cell["tuning"] == best and cell["best step"] == steps[scores.index(best)]
+        level = max(i for i, v in enumerate(scores) if v == best)  # a check level with the best restarts the count
+        assert steps[-1] == s["judge_steps"] or len(scores) - 1 - level == s["patience"]
+        per_step = cell["flops"] / cell["steps run"]
+        assert all(check[2] == pytest.approx(check[0] * per_step) for check in cell["checks"])
