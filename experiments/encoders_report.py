@@ -70,15 +70,17 @@ def judge_section(data, s):
              f"under its best, one every {s['check_every']} steps; at most {s['judge_steps']} steps, the schedule "
              f"decaying over them), then keeps the weights of its best check: the compute each spent is its own, "
              f"found by validation (steps and training FLOPs: mean +- std over seeds, at the rate kept).",
-             "", "| reader | accuracy | rate kept | steps run | best step | training TFLOP |", "|---|---|---|---|---|---|"]
+             "", "| reader | accuracy | by seed | rate kept | steps run | best step | training TFLOP |",
+             "|---|---|---|---|---|---|---|"]
     for name, how in JUDGE_READERS:
         reader = f"{name} ({how})"
         spent = [plus_minus([scale * v for v in kept_values(data, "judge", reader, key)], digits)
                  for key, scale, digits in (("steps run", 1, 0), ("best step", 1, 0), ("flops", 1e-12, 2))]
-        lines.append(f"| {reader} | {pct(kept_values(data, 'judge', reader, 'accuracy'))} | "
+        accuracy = kept_values(data, "judge", reader, "accuracy")
+        lines.append(f"| {reader} | {pct(accuracy)} | {', '.join(f'{100 * v:.1f}%' for v in accuracy)} | "
                      f"{rate_kept(data['cells'], 'judge', reader)} | " + " | ".join(spent) + " |")
     for rule, v in data["rules"]["judge"].items():
-        lines.append(f"| (rule) {rule} | {100 * v:.1f}% | - | - | - | - |")
+        lines.append(f"| (rule) {rule} | {100 * v:.1f}% | - | - | - | - | - |")
     return lines + ["", control_line(data, "judge"), ""]
 
 

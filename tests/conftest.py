@@ -9,6 +9,8 @@ import time
 import pytest
 import torch
 
+import preloaded
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 torch.set_num_threads(min(2, torch.get_num_threads()))
@@ -86,9 +88,17 @@ HANG_TIMEOUT = 1800
 
 
 def run_script(script, *args, timeout=HANG_TIMEOUT, env=None):
-    """Run one of the project's scripts as a user would; returns CompletedProcess."""
+    """Run one of the project's scripts as a user would; returns CompletedProcess. In a child of a process that
+    imported torch once (tests/preloaded.py: the same argv, folder, output and status), or, with env, in a new
+    interpreter."""
+    if env is None:
+        return preloaded.run(os.path.join(ROOT, script), args, ROOT, timeout)
     return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env=env)
+
+
+def pytest_sessionfinish(session):
+    preloaded.stop_server()
 
 
 def children_of(pid, marker):
