@@ -82,17 +82,19 @@ def report(data):
         sizes, example = data["task sizes"][task], data["examples"][task]
         lines += [f"## {title}", "", f"{what}. {sizes['train']} training queries, {sizes['eval']} evaluation queries. "
                   f"Example: query {example['query']!r}, its document {example['document']!r}.", "",
-                  "| reader | reranker | hits@1 | rate kept | steps run | best step | training TFLOP |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| reader | reranker | hits@1 | by seed | rate kept | steps run | best step | training TFLOP |",
+                  "|---|---|---|---|---|---|---|---|"]
         for reader in readers(data):
             for kind in KINDS:
                 part = f"{task} {kind}"
                 values = lambda key, scale=1.0: [scale * v for v in kept_values(data, part, reader, key)]  # noqa
-                lines.append(f"| {reader} | {kind} | {pct(values('hits@1'))} | {rate_kept(data['cells'], part, reader)}"
+                by_seed = ", ".join(f"{100 * v:.1f}%" for v in values("hits@1"))
+                lines.append(f"| {reader} | {kind} | {pct(values('hits@1'))} | {by_seed} | "
+                             f"{rate_kept(data['cells'], part, reader)}"
                              f" | {plus_minus(values('steps run'), 0)} | {plus_minus(values('best step'), 0)} | "
                              f"{plus_minus(values('flops', 1e-12), 2)} |")
         for rule, v in data["rules"][task].items():
-            lines.append(f"| (rule) {rule} | - | {100 * v:.1f}% | - | - | - | - |")
+            lines.append(f"| (rule) {rule} | - | {100 * v:.1f}% | - | - | - | - | - |")
         lines.append("")
         for reader in readers(data):
             row = c.get(f"{task}, {reader}")

@@ -5,6 +5,7 @@ check's weights, the FLOPs are the model's own count, the effect control asks fo
 and the command runs end to end (its wrong options and folders in one line)."""
 import itertools
 import json
+import os
 from collections import Counter
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import run_script
+from conftest import ROOT, run_script
 from experiments import encoder_tasks, encoders, recipe, rerankers, rerankers_report
 from experiments.redraw import drawer
 from model import ModelConfig, Transformer
@@ -295,3 +296,25 @@ def test_the_experiment_runs_end_to_end(char_dataset, tmp_path):
     prices = data["prices"]
     assert set(prices) == {f"{model} ({how})" for model, how in rerankers.READERS}
     assert all(v > 0 for p in prices.values() for v in p.values())
+
+
+STRUCTURAL = os.path.join(ROOT, "results", "structural")
+
+
+@pytest.mark.parametrize("name", sorted(n for n in os.listdir(STRUCTURAL) if n.startswith("rerankers-cpu")
+                                        and n.endswith(".json")))
+def test_the_committed_result_is_what_its_cells_say(name):
+    """Every committed run: its controls (the interaction task's effect control) recomputed from its cells, its .md
+    the report of its .json, and each cell trained to early stopping as it says (checks every check_every steps,
+    the steps run its last check's, its tuning score its best check's, its FLOPs steps run times one step's)."""
+    data = json.load(open(os.path.join(STRUCTURAL, name)))
+    assert data["controls"] == rerankers_report.controls(data)
+    with open(os.path.join(STRUCTURAL, name[:-5] + ".md"), encoding="utf-8") as f:
+        assert f.read() == rerankers_report.report(data) + "\n"
+    s = data["settings"]
+    for cell in data["cells"]:
+        steps, scores = [c[0] for c in cell["checks"]], [c[1] for c in cell["checks"]]
+        assert all(b - a == s["check_every"] for a, b in zip(steps, steps[1:-1]))
+        assert cell["steps run"] == steps[-1] <= s["max_steps"] and cell["tuning"] == max(scores)
+        assert cell["best step"] == steps[scores.index(max(scores))]
+        assert all(c[2] == pytest.approx(c[0] * cell["flops"] / cell["steps run"]) for c in cell["checks"])
