@@ -7,6 +7,9 @@ Rerankers (a cross-encoder against a bi-encoder, as rerankers are used) live in 
                                                 # a time), then one rate past each edge kept; its minutes for these
                                                 # four parts not measured yet
                                                 # -> results/structural/encoders-cpu.{md,json,png}
+    python experiments/encoders.py --parts=judge --jobs=2   # the judgement alone, each cell to early stopping
+                                                # (30 cells): 40 minutes on 2 cores of an Intel Xeon
+                                                # -> results/structural/encoders-cpu-judge.{md,json,png}
     python experiments/encoders.py --parts=retrieval --steps_multiple=3   # some parts, at 3 x the steps
     python experiments/encoders.py --jobs=2 --reuse=True  # keep the cells of the earlier run; run the rest
     python experiments/encoders.py --quick      # a smoke run in seconds (the test suite runs it) -> out-quick/

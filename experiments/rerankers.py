@@ -5,8 +5,10 @@ first-stage lists, both learn from the same (query, positive, hard negatives) ex
 each until validation stops improving, at its rate chosen over seeds; the compute each spent is its own.
 
     python experiments/rerankers.py --jobs=2    # 2 tasks x 2 rerankers x 3 seeds x 3 rates (bert), each cell
-                                                # trained to early stopping: ~35 minutes on 2 cores of an Intel
-                                                # Xeon, the study's checkpoints present (missing: ~30 more)
+                                                # trained to early stopping, then one rate past each edge kept
+                                                # (48 cells): 64 minutes on 2 cores of an Intel Xeon, tests beside
+                                                # it for part of them, the study's checkpoints present (missing:
+                                                # ~30 more)
                                                 # -> results/structural/rerankers-cpu.{md,json,png}
     python experiments/rerankers.py --quick     # a smoke run in seconds (the test suite runs it) -> out-quick/
 
