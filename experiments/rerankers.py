@@ -54,6 +54,7 @@ from experiments.encoders import embed, embed_all, step_flops
 from experiments.equal_compute import machine_line, resolve_experiment, write_results
 from experiments.finetune import Backbone, study_backbones
 from experiments.recipe import finished_cells, grow, missing, train
+from experiments.rerankers_report import KINDS, TASKS, controls, plot, report
 from experiments.study_report import plateau_threshold
 from experiments.tasks import ngram_features, read_texts
 from infra.configurator import UserError, check_input_folder, output_folder, run_main
@@ -77,8 +78,6 @@ SCALES = {  # line: a flag document's line; length, fragment: a detail document 
                   queries_per_step=2, max_steps=4, check_every=2, patience=1, rates=(1e-3, 3e-3), grown=(3e-4, 1e-2),
                   head_learning_rate=3e-3, warmup=0.1, temperature=0.05, timing_repeats=1, seeds=1),
 }
-TASKS = ("flag", "detail")
-KINDS = ("bi-encoder", "cross-encoder")
 READERS = [("bert", "mean")]  # (study model, how its vector is read): the masked encoder, the reranker of the
 # literature (monoBERT); gpt's last position is the other reader a 2-core run would add, at twice the time
 
@@ -312,7 +311,6 @@ def main():
               f"rerankers-{scale}-partial.*", flush=True)
         data["notes"] = [f"**Interrupted: {len(data['cells'])} of {len(plan)} cells done; a row may hold fewer "
                          f"seeds than the header names.**"]
-    from experiments.rerankers_report import controls, plot, report
     data["controls"] = controls(data)
     data["seconds"] = time.perf_counter() - t0
     write_results(config["out_dir"], f"rerankers-{scale}" + ("-partial" if "notes" in data else ""), data,
