@@ -2,7 +2,8 @@
 The tasks of experiments/encoders.py and experiments/rerankers.py, made from the text (as experiments/tasks.py makes
 finetune.py's): lines, documents decided by their last line (a flag naming their topic line), candidate sets
 (encoders.py's hits@1), groups of near duplicates (rerankers.py's interaction task), windows whose label sits in
-their second half, and pairs of lines that agree or differ by one whole word. Training examples come from the
+their second half, pairs of lines that agree or differ by one whole word, and lines that may hold a misspelt
+word (experiments/fewlabels.py). Training examples come from the
 training split, evaluation examples from the validation split, and none of these is read twice; the items a
 fine-tuning rate is chosen on are held out of the training ones.
 """
@@ -171,3 +172,37 @@ def near_duplicates(text, groups, size, length, fragment, rng, exclude=()):
             queries.append(doc[start:start + fragment])
             group_of.append(g)
     return docs, queries, np.array(group_of)
+
+
+def misspelt_lines(text, count, length, rng, words, exclude=()):
+    """`count` lines of `length` characters, alternately as written (label 0) and with one misspelling (1): two
+    neighbouring letters inside a whole word of four letters or more (not cut by the line's edges) swapped, where
+    the result is no word of `words` (a set: the training text's). Both kinds hold the same letters, the same
+    words' lengths and the same spaces; what tells them apart is knowing how the text's words are spelt. Returns
+    (lines, labels)."""
+    lines, labels = [], []
+    for line in text_lines(text, 4 * count, length, rng, exclude, or_fewer=True):
+        label = len(lines) % 2
+        if label:
+            misspelt = []
+            for match in re.finditer(r"[A-Za-z]{4,}", line):
+                if 0 < match.start() and match.end() < len(line):
+                    word = match.group()
+                    for i in range(1, len(word) - 2):  # (the first and last letters kept, as in a typical typo)
+                        swapped = word[:i] + word[i + 1] + word[i] + word[i + 2:]
+                        if swapped != word and swapped not in words:
+                            misspelt.append(line[:match.start()] + swapped + line[match.end():])
+            if not misspelt:
+                continue
+            line = misspelt[int(rng.integers(len(misspelt)))]
+        lines.append(line)
+        labels.append(label)
+        if len(lines) == count:
+            return lines, np.array(labels)
+    raise UserError(f"the text gave only {len(lines)} lines for the misspelling task, {count} wanted: use a longer "
+                    f"text or a smaller scale")
+
+
+def words_of(text):
+    """The set of words (runs of letters) of a text."""
+    return set(re.findall(r"[A-Za-z]+", text))

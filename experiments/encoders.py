@@ -219,14 +219,23 @@ def biencoder_scores(backbone, how, queries, docs, sets):
 
 def judge_cell(backbone, how, task, s, seed, stop):
     """Part 3: a head on the pooled state, fine-tuned with the backbone on the agreement examples until the accuracy
-    on the tuning items stops improving (at most s["judge_steps"] steps; the weights of its best check are kept);
-    accuracy, the steps run, the training FLOPs they cost and every check."""
-    texts, labels = task["judge_train"], torch.from_numpy(task["judge_train_labels"])
+    on the tuning items stops improving (at most s["judge_steps"] steps; the weights of its best check are kept)."""
+    return classifier_cell(backbone, how, [(task[f"judge_{split}"], task[f"judge_{split}_labels"])
+                                           for split in ("train", "tune", "eval")],
+                           s["judge_steps"], 2 * s["judge_line"] + 1, s, seed, stop)
+
+
+def classifier_cell(backbone, how, splits, steps, length, s, seed, stop):
+    """A fresh two-class head on the pooled state, trained with the backbone on splits[0] = (texts, labels) until
+    the accuracy on the tuning items splits[1] stops improving (at most `steps`, a check every s["check_every"]); the
+    accuracy on splits[2], the steps run, the training FLOPs they cost (inputs of `length` tokens) and every check."""
+    (texts, labels), (tune, tune_labels), (evaluation, eval_labels) = splits
+    labels = torch.from_numpy(labels)
     torch.manual_seed(seed)
     head = torch.nn.Linear(backbone.model.config.n_embd, 2).to(backbone.device)
 
     def batch_loss(rng):
-        index = rng.choice(len(texts), s["batch_size"], replace=False)
+        index = rng.choice(len(texts), min(s["batch_size"], len(texts)), replace=False)
         logits = head(embed(backbone, [texts[i] for i in index], how))
         return F.cross_entropy(logits, labels[index].to(logits.device))
 
@@ -234,11 +243,10 @@ def judge_cell(backbone, how, task, s, seed, stop):
         with torch.no_grad():
             return float((head(embed_all(backbone, texts, how)).argmax(-1).cpu().numpy() == labels).mean())
 
-    checks = train(backbone, head, s["judge_steps"], s, batch_loss, stop, seed,
-                   validate=lambda: accuracy(task["judge_tune"], task["judge_tune_labels"]))
-    per_step = step_flops(backbone.model, s["batch_size"], 2 * s["judge_line"] + 1)
+    checks = train(backbone, head, steps, s, batch_loss, stop, seed, validate=lambda: accuracy(tune, tune_labels))
+    per_step = step_flops(backbone.model, s["batch_size"], length)
     best_step, tuning = max(checks, key=lambda check: check[1])  # (the first best: the weights kept)
-    return {"accuracy": accuracy(task["judge_eval"], task["judge_eval_labels"]), "tuning": tuning,
+    return {"accuracy": accuracy(evaluation, eval_labels), "tuning": tuning,
             "steps run": checks[-1][0], "best step": best_step, "flops": checks[-1][0] * per_step,
             "checks": [[step, score, step * per_step] for step, score in checks]}
 

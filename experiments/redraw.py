@@ -40,6 +40,8 @@ def drawer(name):
         from experiments.encoders_report import plot
     elif kind == "rerankers":
         from experiments.rerankers_report import plot
+    elif kind == "fewlabels":
+        from experiments.fewlabels_report import plot
     elif kind == "masks":
         from experiments.attention import plot_masks as plot
     elif kind in ("plateau", "multiplier", "attention", "adaptation", "incontext", "curves"):

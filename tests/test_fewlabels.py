@@ -1,0 +1,171 @@
+"""Few labels, pretrained against from scratch (experiments/fewlabels.py; claim B2): the misspelling task changes
+one word's spelling and nothing a bag of letters sees, the rule told the task reads it without labels, the twin
+from scratch is the same architecture with fresh weights, the label sets are nested and kept apart from the tuning
+and evaluation lines, the effect control asks for a win over both the twin and the n-gram rule by more than the
+spread, and the command runs end to end (its wrong options in one line)."""
+import json
+import os
+import re
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, run_script
+from experiments import encoder_tasks, fewlabels, fewlabels_report, recipe
+from experiments.redraw import drawer
+from test_encoders import tiny_backbone
+
+
+@pytest.fixture(scope="module")
+def texts(char_dataset):
+    from experiments.tasks import read_texts
+    return read_texts(char_dataset)
+
+
+# ----------------------------------------------------------------------------- the task and the rules
+
+def test_a_misspelt_line_swaps_two_letters_inside_one_whole_word(texts):
+    """Label 0: a fragment of the text as written; label 1: the same letters, spaces and word lengths, with two
+    neighbouring inner letters of one whole word (four letters or more, not cut by the edges) swapped into a word
+    the training text never spells; half of each, alternately."""
+    words = encoder_tasks.words_of(texts["train"])
+    lines, labels = encoder_tasks.misspelt_lines(texts["train"], 200, 20, np.random.default_rng(0), words)
+    assert list(labels) == [k % 2 for k in range(200)] and len(set(lines)) == 200
+    flat = texts["train"].replace("\n", " ")
+    for line, label in zip(lines, labels):
+        assert len(line) == 20
+        if label == 0:
+            assert line in flat
+            continue
+        assert line not in flat
+        changed = [m for m in re.finditer(r"[A-Za-z]+", line) if m.group() not in words
+                   and 0 < m.start() and m.end() < len(line)]
+        assert len(changed) == 1, line
+        m = changed[0]
+        word = m.group()
+        originals = [word[:i] + word[i + 1] + word[i] + word[i + 2:] for i in range(1, len(word) - 2)]
+        assert len(word) >= 4 and any(line[:m.start()] + w + line[m.end():] in flat and w in words
+                                      for w in originals), line
+        assert Counter(line) == Counter(next(line[:m.start()] + w + line[m.end():] for w in originals
+                                             if w in words))
+
+
+def test_the_rule_told_the_task_reads_it_without_labels_and_the_task_is_split_apart(texts):
+    """The told rule (an unknown spelling of a whole word) catches every misspelt line and is right on most of the
+    others, which shows the task is well posed; the label sets are nested (N lines: the first N), the tuning lines come after the largest,
+    and no evaluation line is a training or tuning line."""
+    s = dict(fewlabels.SCALES["cpu"], labels=(100, 300), tune=100, eval=400)
+    task = fewlabels.make_task(texts, s, 1337)
+    assert len(task["train"]) == 300 and len(task["tune"]) == 100 and len(task["eval"]) == 400
+    assert not set(task["eval"]) & (set(task["train"]) | set(task["tune"]))
+    assert not set(task["tune"]) & set(task["train"])
+    told = fewlabels.told_rule(task["eval"], task["words"])
+    assert (told == task["eval_labels"]).mean() > 0.85  # (its misses: words of the validation text that the
+    assert (told[task["eval_labels"] == 1] == 1).all()  # training text never spells); every misspelling caught
+    assert (fewlabels.told_rule(task["eval"], set()) == 1).mean() > 0.9  # the words it knows are what decide
+
+
+# ----------------------------------------------------------------------------- the twin from scratch
+
+def test_the_twin_is_the_same_architecture_with_fresh_weights(monkeypatch):
+    """A "from scratch" cell fine-tunes a model of the backbone's config whose weights are a fresh draw (no matrix
+    equal to the backbone's, the same draw for the same seed); a "pretrained" cell the backbone's own weights. Both
+    read the first N training lines."""
+    monkeypatch.setattr(fewlabels, "Backbone", lambda folder, device: tiny_backbone("bert"))  # its "pretraining"
+    seen = []
+    monkeypatch.setattr(fewlabels, "classifier_cell", lambda backbone, how, splits, steps, length, s, seed, stop:
+                        seen.append((backbone.model, splits[0][0])) or {})
+    task = {"train": [f"line {k}" for k in range(10)], "train_labels": np.arange(10) % 2, "tune": ["a"],
+            "tune_labels": np.array([0]), "eval": ["b"], "eval_labels": np.array([1])}
+    fewlabels.prepare({}, dict(fewlabels.SCALES["quick"]), {("bert", 5): "folder"}, "cpu", task=task)
+    for part in ("4 pretrained", "4 from scratch", "6 from scratch"):
+        fewlabels.run_cell((part, "bert", "mean", 5, 1e-3))
+    (pretrained, read0), (scratch, read1), (again, read2) = seen
+    assert read0 == read1 == task["train"][:4] and read2 == task["train"][:6]
+    own = tiny_backbone("bert").model.state_dict()
+    assert all(torch.equal(v, own[k]) for k, v in pretrained.state_dict().items())
+    assert scratch.config == pretrained.config and type(scratch) is type(pretrained)
+    matrices = [k for k, v in scratch.state_dict().items() if v.dim() == 2]
+    assert matrices and not any(torch.equal(scratch.state_dict()[k], own[k]) for k in matrices)
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in scratch.state_dict().items())
+
+
+# ----------------------------------------------------------------------------- the effect control
+
+def cells(part, reader, accuracy, rate=1e-3, tuning=0.5):
+    return [{"part": part, "reader": reader, "seed": seed, "learning rate": rate, "tuning": tuning, "accuracy": a}
+            for seed, a in enumerate(accuracy)]
+
+
+def test_the_effect_control_asks_for_a_win_over_the_twin_and_the_rule():
+    """Passed only when some pretrained reader's mean - std is above both its twin's mean + std and the n-gram rule
+    on the same labels, at the rates kept: a win inside the spreads, a win under the rule, or a win at a rate not
+    kept does not pass it."""
+    bert, gpt = "bert (mean)", "gpt (last)"
+    rules = {"10": {"n-gram logistic regression": 0.6}, "30": {"n-gram logistic regression": 0.75}}
+    data = lambda c: {"cells": c, "settings": {"labels": (10, 30)}, "rules": rules}  # noqa: E731
+    close = cells("10 pretrained", bert, [0.7, 0.8, 0.6]) + cells("10 from scratch", bert, [0.55, 0.65, 0.45])
+    not_kept = cells("10 pretrained", gpt, [0.99] * 3, rate=3e-3, tuning=0.1) + \
+        cells("10 pretrained", gpt, [0.5] * 3) + cells("10 from scratch", gpt, [0.5, 0.51, 0.49])
+    under_rule = cells("30 pretrained", bert, [0.72, 0.73, 0.71]) + cells("30 from scratch", bert, [0.5] * 3)
+    out = fewlabels_report.controls(data(close + not_kept + under_rule))
+    assert out["10, gpt (last)"]["pretrained"] == pytest.approx(0.5)  # at the rate kept
+    assert not any(v["pretrained wins"] for k, v in out.items() if k != "effect control passed")
+    assert not out["effect control passed"]
+    wins = cells("10 pretrained", bert, [0.8, 0.85, 0.75]) + cells("10 from scratch", bert, [0.55, 0.65, 0.45])
+    out = fewlabels_report.controls(data(wins + not_kept + under_rule))
+    assert out["10, bert (mean)"]["pretrained wins"] and out["effect control passed"]
+
+
+# ----------------------------------------------------------------------------- the command
+
+@pytest.mark.parametrize("option, needle", [("--seeed=3", "unknown option --seeed: did you mean --seed?"),
+                                            ("--study_dir=README.md", "--study_dir=README.md is a file")])
+def test_a_wrong_option_or_study_folder_is_one_line(tmp_path, option, needle):
+    """Refused before any work: one line, status 2, no traceback, no output folder made."""
+    result = run_script("experiments/fewlabels.py", "--quick", option, f"--out_dir={tmp_path / 'o'}")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert needle in lines[0] and not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_the_experiment_runs_end_to_end(char_dataset, tmp_path):
+    """Every (label count, start, reader, seed, rate) cell of the grid runs to early stopping, and the JSON alone
+    gives back the controls and the report written beside it."""
+    result = run_script("experiments/fewlabels.py", "--quick", f"--out_dir={tmp_path}", f"--dataset={char_dataset}",
+                        f"--study_dir={tmp_path / 'study'}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    data = json.loads((tmp_path / "fewlabels-quick.json").read_text())
+    text = (tmp_path / "fewlabels-quick.md").read_text()
+    assert "smoke run" in text and "Effect control" in text and data["machine"]
+    assert data["controls"] == fewlabels_report.controls(data)
+    assert fewlabels_report.report(data) + "\n" == text
+    assert drawer("fewlabels-quick") is fewlabels_report.plot
+    s = fewlabels.SCALES["quick"]
+    grid = [c for c in data["cells"] if c["learning rate"] in s["rates"]]
+    assert len(grid) == len(fewlabels.parts(s)) * len(fewlabels.READERS) * s["seeds"] * len(s["rates"])
+    assert not recipe.grow(data["cells"], s["grown"], data["seeds"])
+    assert set(data["rules"]) == {str(n) for n in s["labels"]} | {"told"}
+
+
+STRUCTURAL = os.path.join(ROOT, "results", "structural")
+
+
+@pytest.mark.parametrize("name", sorted(n for n in os.listdir(STRUCTURAL) if n.startswith("fewlabels-cpu")
+                                        and n.endswith(".json")))
+def test_the_committed_result_is_what_its_cells_say(name):
+    """Every committed run: its controls recomputed from its cells, its .md the report of its .json, each cell
+    trained to early stopping as it says."""
+    data = json.load(open(os.path.join(STRUCTURAL, name)))
+    assert data["controls"] == fewlabels_report.controls(data)
+    with open(os.path.join(STRUCTURAL, name[:-5] + ".md"), encoding="utf-8") as f:
+        assert f.read() == fewlabels_report.report(data) + "\n"
+    s = data["settings"]
+    for cell in data["cells"]:
+        steps, scores = [c[0] for c in cell["checks"]], [c[1] for c in cell["checks"]]
+        assert all(b - a == s["check_every"] for a, b in zip(steps, steps[1:-1]))
+        assert cell["steps run"] == steps[-1] <= s["max_steps"] and cell["tuning"] == max(scores)
+        assert cell["best step"] == steps[scores.index(max(scores))]
