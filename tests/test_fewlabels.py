@@ -50,6 +50,10 @@ def test_a_misspelt_line_swaps_two_letters_inside_one_whole_word(texts):
                                       for w in originals), line
         assert Counter(line) == Counter(next(line[:m.start()] + w + line[m.end():] for w in originals
                                              if w in words))
+    # a swap that spells another word ("from" -> "form") is no misspelling: only "bread" may be misspelt here
+    text = "from form bread " * 40
+    lines, labels = encoder_tasks.misspelt_lines(text, 6, 15, np.random.default_rng(0), {"from", "form", "bread"})
+    assert all(re.search(r"\b(berad|braed)\b", line) for line in lines[1::2])
 
 
 def test_the_rule_told_the_task_reads_it_without_labels_and_the_task_is_split_apart(texts):
