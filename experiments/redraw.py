@@ -40,11 +40,13 @@ def drawer(name):
         from experiments.encoders_report import plot
     elif kind == "rerankers":
         from experiments.rerankers_report import plot
+    elif kind == "adaptation":
+        from experiments.adaptation_report import plot
     elif kind == "fewlabels":
         from experiments.fewlabels_report import plot
     elif kind == "masks":
         from experiments.attention import plot_masks as plot
-    elif kind in ("plateau", "multiplier", "attention", "adaptation", "incontext", "curves"):
+    elif kind in ("plateau", "multiplier", "attention", "incontext", "curves"):
         plot = __import__(f"experiments.{kind}", fromlist=["plot"]).plot
     else:
         raise UserError(f"{name}.png: no command of this project draws a plot of that name")

@@ -259,7 +259,7 @@ def test_the_reversal_verdicts_read_only_rows_that_learned_the_facts():
     """A row whose model did not learn the facts (forward under 90% in a seed) decides nothing (the positive
     control), and a difference is called only where the ranges do not overlap."""
     from experiments import reversal
-    from experiments.adaptation import reversal_report
+    from experiments.adaptation_report import reversal_report
 
     def row(target, share, seed, forward, backward):
         return {"target": target, "share": share, "seed": seed, "val_loss": 1.0, "flops": 1.0, "gpt_flops": 0.0,
@@ -291,7 +291,7 @@ def test_an_unknown_part_or_a_seed_out_of_range_is_one_line_before_any_work(tmp_
 
 
 def test_verdicts_call_a_difference_only_when_the_ranges_do_not_overlap():
-    from experiments.adaptation import verdict
+    from experiments.adaptation_report import verdict
     assert verdict([1.0, 1.1, 0.9], [2.0, 2.1, 1.9], "lower") == "adapted ahead"
     assert verdict([1.0, 1.1, 0.9], [2.0, 2.1, 1.9], "higher") == "scratch ahead"
     assert verdict([1.0, 1.5, 0.5], [1.2, 1.3, 1.1], "lower") == "within noise"

@@ -15,7 +15,7 @@ import masks
 import objectives
 import train
 from data.prepare_common import special_token_ids, write_dataset
-from experiments import adaptation, encoders, epochs, metrics, multiplier, plateau, study
+from experiments import adaptation, adaptation_report, encoders, epochs, metrics, multiplier, plateau, study
 from infra.dataset import get_windows, load_dataset
 from model import IGNORE_INDEX, Transformer
 
@@ -255,15 +255,15 @@ def test_the_continuation_control_fails_a_restart_that_costs_more_than_0_03_nats
     """gpt continued for the rest of the budget must come within 0.03 nats of gpt from scratch: a restart that
     costs 0.05 nats fails (a 0.3 margin, or the continued run read against itself, would pass it); one that costs
     0.02 passes; a seed that did not finish fails; the per-seed differences are paired by seed."""
-    assert adaptation.CONTINUATION_MARGIN == 0.03
+    assert adaptation_report.CONTINUATION_MARGIN == 0.03
     scratch = {1: 2.00, 2: 2.02}
-    costly = adaptation.continuation_control(continuation_data(scratch, {2: 2.07, 1: 2.05}), [0.5], [1, 2])
+    costly = adaptation_report.continuation_control(continuation_data(scratch, {2: 2.07, 1: 2.05}), [0.5], [1, 2])
     assert costly == {"passed": False, "own": {0: pytest.approx(2.01), 0.5: pytest.approx(2.06)}}
     cheap = continuation_data(scratch, {2: 2.04, 1: 2.02})
-    assert adaptation.continuation_control(cheap, [0.5], [1, 2])["passed"] is True
-    assert adaptation.seed_differences(cheap, "gpt", 0.5) == [pytest.approx(0.02), pytest.approx(0.02)]
+    assert adaptation_report.continuation_control(cheap, [0.5], [1, 2])["passed"] is True
+    assert adaptation_report.seed_differences(cheap, "gpt", 0.5) == [pytest.approx(0.02), pytest.approx(0.02)]
     diverged = continuation_data(scratch, {1: 2.02, 2: None})
-    assert adaptation.continuation_control(diverged, [0.5], [1, 2])["passed"] is False
+    assert adaptation_report.continuation_control(diverged, [0.5], [1, 2])["passed"] is False
 
 
 def test_the_diffusion_model_built_from_gpt_is_held_to_the_shifted_reference(abab):
