@@ -49,6 +49,7 @@ and recipe (one rate for every model, as reversal.py trains them; 3 seeds), gpt 
 of reversal.py's budget, then bert, diffusion and t5 from that gpt as above for the rest, against the same from
 scratch; asked the evaluation half's questions beside reversal.py's rules. Positive control per row: the forward
 questions (the direction the text states) answered in >= 90% of cases in every seed, or the row decides nothing.
+How the runs are read (the verdicts, the tables, the plot): experiments/adaptation_report.py.
 """
 import json
 import os
