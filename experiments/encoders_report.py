@@ -6,7 +6,7 @@ cells (and the rules) of a run, so a result file can be rewritten from its JSON.
 """
 import numpy as np
 
-from experiments.recipe import CONTROL_MARGIN, control_outcome, kept_rates, kept_values, rate_kept
+from experiments.recipe import CONTROL_MARGIN, control_outcome, kept_rates, kept_values, rate_grid, rate_kept
 from experiments.study_report import backbones_line, plus_minus
 from infra.configurator import QUICK_NOTE
 from infra.plots import pyplot, save
@@ -139,20 +139,11 @@ def report(data, s, scale):
     lines += ["", control_line(data, "retrieval"), ""]
     if "judge" in data["parts"]:
         lines += judge_section(data, s)
-    columns = sorted({c["learning rate"] for c in data["cells"] if "learning rate" in c})
     lines += ["## 4. The rate grid: every rate's mean score on the tuning items", "",
               f"The grid is {', '.join(f'{r:g}' for r in s['rates'])}; a reader whose best rate was at its edge was "
               f"also tried one rate past it ({s['grown'][0]:g} or {s['grown'][1]:g}). The rate kept (bold) is the "
-              f"best; one still at the edge of the rates tried is marked: a rate beyond it might do better.", "",
-              "| part | reader | " + " | ".join(f"{rate:g}" for rate in columns) + " | kept |",
-              "|---|---|" + "---|" * (len(columns) + 1)]
-    kept = kept_rates(data["cells"])
-    for (part, reader), rate in kept.items():
-        cells = [c for c in data["cells"] if (c["part"], c["reader"]) == (part, reader) and "tuning" in c]
-        by_rate = {x: [c["tuning"] for c in cells if c["learning rate"] == x] for x in columns}
-        lines.append(f"| {part} | {reader} | " + " | ".join(
-            ("-" if not v else (f"**{100 * np.mean(v):.1f}%**" if x == rate else f"{100 * np.mean(v):.1f}%"))
-            for x, v in by_rate.items()) + f" | {rate_kept(data['cells'], part, reader)} |")
+              f"best; one still at the edge of the rates tried is marked: a rate beyond it might do better.", ""]
+    lines += rate_grid(data["cells"], "part")
     head, *sections = "\n".join(lines).split("\n## ")  # only the sections of the parts run
     shown = {"1": {"probe"}, "2": {"retrieval", "flag-first"}, "3": {"judge"}, "4": set(PARTS) - {"probe"}}
     return "\n## ".join([head] + [text for text in sections if shown[text[0]] & set(data["parts"])])

@@ -46,11 +46,11 @@ from experiments.encoders import classifier_cell
 from experiments.equal_compute import machine_line, resolve_experiment, write_results
 from experiments.fewlabels_report import READERS, STARTS, controls, plot, report
 from experiments.finetune import Backbone, study_backbones
-from experiments.recipe import finished_cells, grow, missing
+from experiments.recipe import note_stop, run_grid
 from experiments.study_report import plateau_threshold
 from experiments.tasks import ngram_features, read_texts, tuned_logistic_regression
 from infra.configurator import UserError, check_input_folder, output_folder, run_main
-from infra.progress import StopSignals, format_duration
+from infra.progress import StopSignals
 from model import Transformer
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/structural",
@@ -165,33 +165,15 @@ def main():
     jobs = min(config["jobs"], len(plan))
     print(f"[fewlabels] {len(plan)} cells (label counts x starts x readers x seeds x rates), {jobs} at a time, each "
           f"trained until its tuning accuracy stops improving (at most {s['max_steps']} steps)", flush=True)
-    started, arguments = time.perf_counter(), ({k: config[k] for k in ("dataset", "seed")}, s, folders, device)
+    arguments = ({k: config[k] for k in ("dataset", "seed")}, s, folders, device)
     prepare(*arguments, task=task)  # here; each worker process makes its own
     try:
         with StopSignals(immediate=True) as stop:
-            todo = list(plan)
-            while todo:  # the grid, then the one rate past each rate kept at its edge (recipe.grow)
-                for (part, model, how, seed, rate), result in finished_cells(todo, jobs, run_cell, stop, prepare,
-                                                                              arguments):
-                    data["cells"].append({"part": part, "reader": f"{model} ({how})", "seed": seed, **result})
-                    done = len(data["cells"])
-                    left = (time.perf_counter() - started) / done * (len(plan) - done)
-                    print(f"[fewlabels] {done}/{len(plan)} done: {part}, {model} ({how}), seed {seed}, rate "
-                          f"{rate:g}: accuracy {100 * result['accuracy']:.1f}% after {result['steps run']} steps; "
-                          f"~{format_duration(max(0, left))} left", flush=True)
-                grown = grow(data["cells"], s["grown"], seeds)
-                plan += grown
-                todo = missing(plan, data["cells"])
-                if todo:
-                    print(f"[fewlabels] the grid grown past {len(grown) // len(seeds)} rates kept at its edge: "
-                          f"{len(todo)} cells more", flush=True)
+            run_grid(plan, data["cells"], s, seeds, jobs, run_cell, stop, prepare, arguments, "fewlabels", "accuracy")
     except KeyboardInterrupt:
         if not data["cells"]:
             raise  # nothing finished, nothing written (run_main: status 130, what is kept)
-        print(f"interrupted: {len(data['cells'])} of {len(plan)} cells done; they are written to "
-              f"fewlabels-{scale}-partial.*", flush=True)
-        data["notes"] = [f"**Interrupted: {len(data['cells'])} of {len(plan)} cells done; a row may hold fewer "
-                         f"seeds than the header names.**"]
+        note_stop(data, plan, f"fewlabels-{scale}-partial")
     data["controls"] = controls(data)
     data["seconds"] = time.perf_counter() - t0
     write_results(config["out_dir"], f"fewlabels-{scale}" + ("-partial" if "notes" in data else ""), data,

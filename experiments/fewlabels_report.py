@@ -4,9 +4,7 @@ How experiments/fewlabels.py's cells are read (claim B2): each (label count, sta
 scratch and the n-gram rule by more than the spread), and the table and plot written from the cells. Nothing here
 trains or measures: a result file can be rewritten from its JSON.
 """
-import numpy as np
-
-from experiments.recipe import kept_rates, kept_values, rate_kept
+from experiments.recipe import kept_rates, kept_values, rate_grid, rate_kept
 from experiments.study_report import backbones_line, mean_std, plus_minus
 from infra.configurator import QUICK_NOTE
 from infra.plots import pyplot, save
@@ -93,16 +91,8 @@ def report(data):
                    f"**Effect control: not passed: no pretrained reader beats its twin from scratch and the n-gram "
                    f"rule by more than the spread, at {', '.join(map(str, label_counts(data)))} labels and up to "
                    f"{s['max_steps']} steps** (not reproduced at these label counts)."), ""]
-    columns = sorted({cell["learning rate"] for cell in data["cells"]})
-    lines += ["## The rate grid: every rate's mean tuning accuracy", "",
-              "| labels and start | reader | " + " | ".join(f"{r:g}" for r in columns) + " | kept |",
-              "|---|---|" + "---|" * (len(columns) + 1)]
-    for (part, reader), rate in kept_rates(data["cells"]).items():
-        by_rate = {x: [cell["tuning"] for cell in data["cells"] if (cell["part"], cell["reader"]) == (part, reader)
-                       and cell["learning rate"] == x] for x in columns}
-        lines.append(f"| {part} | {reader} | " + " | ".join(
-            "-" if not v else (f"**{100 * np.mean(v):.1f}%**" if x == rate else f"{100 * np.mean(v):.1f}%")
-            for x, v in by_rate.items()) + f" | {rate_kept(data['cells'], part, reader)} |")
+    lines += ["## The rate grid: every rate's mean tuning accuracy", ""]
+    lines += rate_grid(data["cells"], "labels and start")
     return "\n".join(lines)
 
 

@@ -17,6 +17,7 @@ import copy
 import multiprocessing
 import multiprocessing.connection
 import signal
+import time
 import traceback
 
 import numpy as np
@@ -24,6 +25,7 @@ import torch
 
 from experiments.study_report import mean_std
 from infra.configurator import Failure, UserError
+from infra.progress import format_duration
 
 CONTROL_MARGIN = 0.10  # a part's positive control: its best reader (mean - std) this far above the spelling rule
 
@@ -146,6 +148,21 @@ def missing(plan, cells):
     return [cell for cell in plan if (cell[0], f"{cell[1]} ({cell[2]})", cell[3], cell[4]) not in done]
 
 
+def rate_grid(cells, first_column):
+    """The table of every rate's mean tuning score, a row per (part, reader), the rate kept in bold and marked where
+    it is still at the edge of the rates tried; first_column names what a part is."""
+    columns = sorted({c["learning rate"] for c in cells if "learning rate" in c})
+    lines = [f"| {first_column} | reader | " + " | ".join(f"{rate:g}" for rate in columns) + " | kept |",
+             "|---|---|" + "---|" * (len(columns) + 1)]
+    for (part, reader), rate in kept_rates(cells).items():
+        tuned = [c for c in cells if (c["part"], c["reader"]) == (part, reader) and "tuning" in c]
+        by_rate = {x: [c["tuning"] for c in tuned if c["learning rate"] == x] for x in columns}
+        lines.append(f"| {part} | {reader} | " + " | ".join(
+            ("-" if not v else (f"**{100 * np.mean(v):.1f}%**" if x == rate else f"{100 * np.mean(v):.1f}%"))
+            for x, v in by_rate.items()) + f" | {rate_kept(cells, part, reader)} |")
+    return lines
+
+
 def control_outcome(values, rule):
     """A part's positive control: its best reader's mean - std (over seeds) at least CONTROL_MARGIN above the
     spelling rule's score. values: {reader: [score per seed]}."""
@@ -231,3 +248,32 @@ def finished_cells(plan, jobs, run, stop, prepare=None, arguments=()):
             if process.exitcode is None:
                 process.kill()
                 process.join()
+
+
+def run_grid(plan, cells, s, seeds, jobs, run, stop, prepare, arguments, tag, score):
+    """Every cell of `plan` not in `cells` (in `jobs` worker processes), then the one rate past each rate kept at its
+    edge (grow), until none is missing. Each finished cell is appended to `cells` as {"part", "reader", "seed",
+    **result} (a stop leaves the finished ones there) with a line: its `score` (a key of the result), the steps it
+    ran and the time left. The plan (a list) grows in place."""
+    started, done, todo = time.perf_counter(), 0, missing(plan, cells)
+    while todo:
+        for (part, model, how, seed, rate), result in finished_cells(todo, jobs, run, stop, prepare, arguments):
+            cells.append({"part": part, "reader": f"{model} ({how})", "seed": seed, **result})
+            done += 1
+            left = (time.perf_counter() - started) / done * (len(missing(plan, cells)))
+            print(f"[{tag}] {len(cells)}/{len(plan)} done: {part}, {model} ({how}), seed {seed}, rate {rate:g}: "
+                  f"{score} {100 * result[score]:.1f}% after {result['steps run']} steps; "
+                  f"~{format_duration(max(0, left))} left", flush=True)
+        grown = grow(cells, s["grown"], seeds)
+        plan += grown  # (the caller's list: a stop reports the plan as far as it grew)
+        todo = missing(plan, cells)
+        if todo:
+            print(f"[{tag}] the grid grown past {len(grown) // len(seeds)} rates kept at its edge: {len(todo)} "
+                  f"cells more", flush=True)
+
+
+def note_stop(data, plan, name):
+    """After a stop with some cells finished: say so, and mark the result (written as name, a -partial file)."""
+    print(f"interrupted: {len(data['cells'])} of {len(plan)} cells done; they are written to {name}.*", flush=True)
+    data["notes"] = [f"**Interrupted: {len(data['cells'])} of {len(plan)} cells done; a row may hold fewer seeds "
+                     f"than the header names.**"]

@@ -37,7 +37,6 @@ bi-encoder's mean + std on the detail task; else the claim reads "not reproduced
 of tuning hits@1 against training FLOPs. Baselines under the same scoring: chance among the list, and the first
 stage's own order (the n-gram rule).
 """
-import json
 import os
 import sys
 import time
@@ -53,12 +52,12 @@ from experiments.encoder_tasks import documents, near_duplicates, text_lines
 from experiments.encoders import embed, embed_all, step_flops
 from experiments.equal_compute import machine_line, resolve_experiment, write_results
 from experiments.finetune import Backbone, study_backbones
-from experiments.recipe import finished_cells, grow, missing, train
+from experiments.recipe import note_stop, run_grid, train
 from experiments.rerankers_report import KINDS, TASKS, controls, plot, report
 from experiments.study_report import plateau_threshold
 from experiments.tasks import ngram_features, read_texts
 from infra.configurator import UserError, check_input_folder, output_folder, run_main
-from infra.progress import StopSignals, format_duration
+from infra.progress import StopSignals
 from infra.timing import median_time
 
 DEFAULTS = dict(scale="cpu", quick=False, device="auto", dataset="shakespeare_char", out_dir="results/structural",
@@ -281,36 +280,18 @@ def main():
     jobs = min(config["jobs"], len(plan))
     print(f"[rerankers] {len(plan)} cells (tasks x rerankers x readers x seeds x rates), {jobs} at a time, each "
           f"trained until its tuning hits@1 stops improving (at most {s['max_steps']} steps)", flush=True)
-    started, arguments = time.perf_counter(), ({k: config[k] for k in ("dataset", "seed")}, s, folders, device)
+    arguments = ({k: config[k] for k in ("dataset", "seed")}, s, folders, device)
     prepare(*arguments, tasks=tasks)  # here; each worker process makes its own
     try:
         with StopSignals(immediate=True) as stop:
-            todo = list(plan)
-            while todo:  # the grid, then the one rate past each rate kept at its edge (recipe.grow)
-                for (part, model, how, seed, rate), result in finished_cells(todo, jobs, run_cell, stop, prepare,
-                                                                              arguments):
-                    data["cells"].append({"part": part, "reader": f"{model} ({how})", "seed": seed, **result})
-                    done = len(data["cells"])
-                    left = (time.perf_counter() - started) / done * (len(plan) - done)
-                    print(f"[rerankers] {done}/{len(plan)} done: {part}, {model} ({how}), seed {seed}, rate "
-                          f"{rate:g}: hits@1 {100 * result['hits@1']:.1f}% after {result['steps run']} steps; "
-                          f"~{format_duration(max(0, left))} left", flush=True)
-                grown = grow(data["cells"], s["grown"], seeds)
-                plan += grown
-                todo = missing(plan, data["cells"])
-                if todo:
-                    print(f"[rerankers] the grid grown past {len(grown) // len(seeds)} rates kept at its edge: "
-                          f"{len(todo)} cells more", flush=True)
+            run_grid(plan, data["cells"], s, seeds, jobs, run_cell, stop, prepare, arguments, "rerankers", "hits@1")
             print("[rerankers] timing the two rerankers per query, alone on the machine", flush=True)
             data["prices"] = {f"{model} ({how})": price(Backbone(folders[(model, seeds[0])], device), how,
                                                           tasks["detail"], s) for model, how in READERS}
     except KeyboardInterrupt:
         if not data["cells"]:
             raise  # nothing finished, nothing written (run_main: status 130, what is kept)
-        print(f"interrupted: {len(data['cells'])} of {len(plan)} cells done; they are written to "
-              f"rerankers-{scale}-partial.*", flush=True)
-        data["notes"] = [f"**Interrupted: {len(data['cells'])} of {len(plan)} cells done; a row may hold fewer "
-                         f"seeds than the header names.**"]
+        note_stop(data, plan, f"rerankers-{scale}-partial")
     data["controls"] = controls(data)
     data["seconds"] = time.perf_counter() - t0
     write_results(config["out_dir"], f"rerankers-{scale}" + ("-partial" if "notes" in data else ""), data,

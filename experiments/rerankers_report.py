@@ -3,9 +3,7 @@ How experiments/rerankers.py's cells are read (claims E3's reranker half, X1): e
 rate kept for it (recipe.py: the best mean tuning hits@1 over seeds), the interaction task's effect control, and the
 table and plot written from the cells. Nothing here trains or measures: a result file can be rewritten from its JSON.
 """
-import numpy as np
-
-from experiments.recipe import kept_rates, kept_values, rate_kept
+from experiments.recipe import kept_rates, kept_values, rate_grid, rate_kept
 from experiments.study_report import backbones_line, mean_std, plus_minus
 from infra.configurator import QUICK_NOTE
 from infra.plots import pyplot, save
@@ -113,16 +111,8 @@ def report(data):
             lines.append(f"| {reader} | {p['cross-encoder']:.2f} | {p['bi-encoder']:.2f} | "
                          f"{p['bi-encoder, encoding one document (once)']:.3f} |")
         lines.append("")
-    columns = sorted({cell["learning rate"] for cell in data["cells"]})
-    lines += ["## The rate grid: every rate's mean tuning hits@1", "",
-              "| task and reranker | reader | " + " | ".join(f"{r:g}" for r in columns) + " | kept |",
-              "|---|---|" + "---|" * (len(columns) + 1)]
-    for (part, reader), rate in kept_rates(data["cells"]).items():
-        by_rate = {x: [cell["tuning"] for cell in data["cells"] if (cell["part"], cell["reader"]) == (part, reader)
-                       and cell["learning rate"] == x] for x in columns}
-        lines.append(f"| {part} | {reader} | " + " | ".join(
-            "-" if not v else (f"**{100 * np.mean(v):.1f}%**" if x == rate else f"{100 * np.mean(v):.1f}%")
-            for x, v in by_rate.items()) + f" | {rate_kept(data['cells'], part, reader)} |")
+    lines += ["## The rate grid: every rate's mean tuning hits@1", ""]
+    lines += rate_grid(data["cells"], "task and reranker")
     return "\n".join(lines)
 
 
