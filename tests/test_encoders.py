@@ -627,13 +627,21 @@ def test_the_committed_result_is_what_its_cells_say(name):
         assert f.read() == encoders_report.report(data, data["settings"], data["scale"]) + "\n"
     s = data["settings"]
     for cell in (c for c in data["cells"] if c["part"] == "judge"):
-        steps = [check[0] for check in cell["checks"]]
-        scores = [check[1] for check in cell["checks"]]
-        assert steps == sorted(steps) and all(b - a == s["check_every"] for a, b in zip(steps, steps[1:-1]))
-        assert cell["steps run"] == steps[-1] <= s["judge_steps"]
-        best = max(scores)
-        assert cell["tuning"] == best and cell["best step"] == steps[scores.index(best)]
-        level = max(i for i, v in enumerate(scores) if v == best)  # a check level with the best restarts the count
-        assert steps[-1] == s["judge_steps"] or len(scores) - 1 - level == s["patience"]
-        per_step = cell["flops"] / cell["steps run"]
-        assert all(check[2] == pytest.approx(check[0] * per_step) for check in cell["checks"])
+        assert_early_stopped(cell, s, s["judge_steps"])
+
+
+def assert_early_stopped(cell, s, most):
+    """A cell trained to early stopping as it says (recipe.train): a check every check_every steps and at its last
+    step, the steps run the last check's, stopped only after `patience` checks in a row under its best (or at
+    `most` steps), its tuning score its best check's (the first of them, whose weights were kept) and its FLOPs
+    the steps run times one step's."""
+    steps = [check[0] for check in cell["checks"]]
+    scores = [check[1] for check in cell["checks"]]
+    assert steps == sorted(steps) and all(b - a == s["check_every"] for a, b in zip(steps, steps[1:-1]))
+    assert cell["steps run"] == steps[-1] <= most
+    best = max(scores)
+    assert cell["tuning"] == best and cell["best step"] == steps[scores.index(best)]
+    level = max(i for i, v in enumerate(scores) if v == best)  # a check level with the best restarts the count
+    assert steps[-1] == most or len(scores) - 1 - level == s["patience"]
+    per_step = cell["flops"] / cell["steps run"]
+    assert all(check[2] == pytest.approx(check[0] * per_step) for check in cell["checks"])

@@ -15,7 +15,7 @@ import torch
 from conftest import ROOT, run_script
 from experiments import encoder_tasks, fewlabels, fewlabels_report, recipe
 from experiments.redraw import drawer
-from test_encoders import tiny_backbone
+from test_encoders import assert_early_stopped, tiny_backbone
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +169,4 @@ def test_the_committed_result_is_what_its_cells_say(name):
         assert f.read() == fewlabels_report.report(data) + "\n"
     s = data["settings"]
     for cell in data["cells"]:
-        steps, scores = [c[0] for c in cell["checks"]], [c[1] for c in cell["checks"]]
-        assert all(b - a == s["check_every"] for a, b in zip(steps, steps[1:-1]))
-        assert cell["steps run"] == steps[-1] <= s["max_steps"] and cell["tuning"] == max(scores)
-        assert cell["best step"] == steps[scores.index(max(scores))]
+        assert_early_stopped(cell, s, s["max_steps"])

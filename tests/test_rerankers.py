@@ -18,7 +18,7 @@ from experiments import encoder_tasks, encoders, recipe, rerankers, rerankers_re
 from experiments.redraw import drawer
 from model import ModelConfig, Transformer
 from objectives import Batch, clm, mlm, synthetic_specials
-from test_encoders import tiny_backbone
+from test_encoders import assert_early_stopped, tiny_backbone
 
 
 @pytest.fixture(scope="module")
@@ -313,8 +313,4 @@ def test_the_committed_result_is_what_its_cells_say(name):
         assert f.read() == rerankers_report.report(data) + "\n"
     s = data["settings"]
     for cell in data["cells"]:
-        steps, scores = [c[0] for c in cell["checks"]], [c[1] for c in cell["checks"]]
-        assert all(b - a == s["check_every"] for a, b in zip(steps, steps[1:-1]))
-        assert cell["steps run"] == steps[-1] <= s["max_steps"] and cell["tuning"] == max(scores)
-        assert cell["best step"] == steps[scores.index(max(scores))]
-        assert all(c[2] == pytest.approx(c[0] * cell["flops"] / cell["steps run"]) for c in cell["checks"])
+        assert_early_stopped(cell, s, s["max_steps"])
