@@ -15,6 +15,7 @@ import torch
 from conftest import ROOT, run_script
 from experiments import encoder_tasks, fewlabels, fewlabels_report, recipe
 from experiments.redraw import drawer
+from model import Transformer
 from test_encoders import assert_early_stopped, tiny_backbone
 
 
@@ -94,6 +95,24 @@ def test_the_twin_is_the_same_architecture_with_fresh_weights(monkeypatch):
     matrices = [k for k, v in scratch.state_dict().items() if v.dim() == 2]
     assert matrices and not any(torch.equal(scratch.state_dict()[k], own[k]) for k in matrices)
     assert all(torch.equal(v, again.state_dict()[k]) for k, v in scratch.state_dict().items())
+
+
+def test_the_twins_of_bert_and_prefixlm_are_one_network():
+    """From the same fresh weights, bert's reader (padding keys masked) and prefixlm's (the whole input its
+    bidirectional prefix) give the same states at every real position, padded or not (claim A2: another mask, and
+    here not even that): their twins from scratch differ by nothing, so only pretraining can tell them apart."""
+    from experiments.encoders import embed
+    def twin(arch):  # as fewlabels.run_cell makes it
+        backbone = tiny_backbone(arch)
+        torch.manual_seed(0)
+        backbone.model = Transformer(backbone.model.config)
+        return backbone
+
+    lines = ["the king is dead", "my lord", "a"]
+    with torch.no_grad():
+        bert, prefixlm, gpt = (embed(twin(arch), lines, "mean") for arch in ("bert", "prefixlm", "gpt"))
+    assert torch.allclose(bert, prefixlm, atol=1e-6)
+    assert not torch.allclose(gpt, bert, atol=1e-3)  # the causal mask: other states from the same weights
 
 
 # ----------------------------------------------------------------------------- the effect control
