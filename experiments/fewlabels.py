@@ -40,6 +40,7 @@ import infra.quiet_interrupts  # noqa: E402,F401  (before torch: a Ctrl-C while 
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from experiments.encoder_tasks import misspelt_lines, words_of
 from experiments.encoders import classifier_cell
@@ -87,6 +88,55 @@ def told_rule(lines, words):
     is spelt as the training text never spells a word; else as written (0). It reads no label."""
     return np.array([int(any(m.group() not in words for m in re.finditer(r"[A-Za-z]{4,}", line)
                              if 0 < m.start() and m.end() < len(line))) for line in lines])
+
+
+def highest_surprise(backbone, lines, batch=256):
+    """Per line, the highest loss (nats) of the pretrained model's own predictions of its characters, no
+    fine-tuning: gpt's next-character predictions; bert's prediction of each character masked in turn (its
+    pseudo-likelihood: one pass per position). Where a word is misspelt, a model that learnt the spelling is
+    surprised."""
+    out = []
+    model = backbone.model
+    with torch.no_grad():
+        for i in range(0, len(lines), batch):
+            ids, lengths = backbone.encode(lines[i:i + batch])
+            if backbone.arch == "gpt":  # position t - 1 predicts character t (claim D4's causal read)
+                loss = F.cross_entropy(model.logits(model.run_stack(ids))[:, :-1].transpose(1, 2), ids[:, 1:],
+                                       reduction="none")  # (B, T - 1)
+                real = torch.arange(1, ids.size(1), device=ids.device)[None, :] < lengths[:, None]
+            else:  # bert: character t masked, read from both sides
+                loss = torch.stack([F.cross_entropy(model.logits(model.run_stack(
+                    ids.index_fill(1, torch.tensor([t], device=ids.device), backbone.mask), lengths=lengths)[:, t]),
+                    ids[:, t], reduction="none") for t in range(ids.size(1))], 1)  # (B, T)
+                real = torch.arange(ids.size(1), device=ids.device)[None, :] < lengths[:, None]
+            out.append(loss.masked_fill(~real, float("-inf")).amax(1).cpu())
+    return torch.cat(out).numpy()
+
+
+def threshold_rule(train_scores, train_labels, eval_scores):
+    """Label 1 above a threshold, the one between two training scores that labels the training lines best (the
+    lowest on a tie): a one-number classifier fitted on the N labels."""
+    ordered = np.sort(np.unique(train_scores))
+    cuts = np.concatenate([[ordered[0] - 1], (ordered[1:] + ordered[:-1]) / 2])
+    right = [((train_scores > cut) == train_labels).mean() for cut in cuts]
+    return (eval_scores > cuts[int(np.argmax(right))]).astype(int)
+
+
+SURPRISED = ("gpt", "bert")  # the pretrained models whose own predictions read a line's every character
+
+
+def surprise_readers(folders, seeds, task, s, device):
+    """{model: {N: [accuracy per seed]}}: each pretrained model's highest surprise over a line, with a threshold
+    fitted on the first N training lines."""
+    out = {model: {str(n): [] for n in s["labels"]} for model in SURPRISED}
+    for model in SURPRISED:
+        for seed in seeds:
+            backbone = Backbone(folders[(model, seed)], device)
+            train, evaluation = highest_surprise(backbone, task["train"]), highest_surprise(backbone, task["eval"])
+            for n in s["labels"]:
+                predicted = threshold_rule(train[:n], task["train_labels"][:n], evaluation)
+                out[model][str(n)].append(float((predicted == task["eval_labels"]).mean()))
+    return out
 
 
 def rules(task, s, log=lambda *a, **k: None):
@@ -157,7 +207,7 @@ def main():
     data = {"scale": scale, "settings": s, "seeds": seeds, "checkpoints": identities,
             "machine": machine_line(device, config, runs=None if pretrained_now else 1),
             "plateau_threshold": plateau_threshold(study_dir, s["study_scale"]), "cells": [],
-            "rules": rules(task, s, log=print),
+            "rules": rules(task, s, log=print), "surprise": surprise_readers(folders, seeds, task, s, device),
             "task sizes": {"train": len(task["train"]), "tune": len(task["tune"]), "eval": len(task["eval"])},
             "examples": [[line, int(label)] for line, label in zip(task["eval"][:4], task["eval_labels"][:4])]}
     plan = [(part, model, how, seed, rate) for part in parts(s) for seed in seeds for rate in s["rates"]

@@ -76,6 +76,10 @@ def report(data):
                         rate_kept(data["cells"], part, reader),
                         plus_minus(kept_values(data, part, reader, "steps run"), 0)]
             lines.append("| " + " | ".join(row) + " |")
+        for model, surprise in data["surprise"].items():
+            surprise = surprise[str(n)]
+            lines.append(f"| {n} | {model}'s own surprise, no fine-tuning (below) | {pct(surprise)} | "
+                         f"{', '.join(f'{100 * v:.1f}%' for v in surprise)} | - | - | - | - | - | - |")
         for rule, v in data["rules"][str(n)].items():
             lines.append(f"| {n} | (rule) {rule} | {100 * v:.1f}% | - | - | - | - | - | - | - |")
     lines.append(f"| - | (rule told the task, no label) a word the training text never spells so | "
@@ -87,6 +91,11 @@ def report(data):
             word = "the pretrained reader wins" if row["pretrained wins"] else "no win by more than the spread"
             lines.append(f"- {n} labels, {reader}: {word} (pretrained {100 * row['pretrained']:.1f}%, from scratch "
                          f"{100 * row['from scratch']:.1f}%, n-gram rule {100 * row['n-gram rule']:.1f}%).")
+    lines += ["", "A model's own surprise: the highest loss of the pretrained model's own predictions of the line's "
+              "characters (gpt: each next character; bert: each character masked in turn), a threshold on it "
+              "fitted on the N labels: one number learnt, no fine-tuning. It reads every position's prediction "
+              "where a fine-tuned head reads one pooled vector: what pretraining taught of spelling, beside what "
+              "a head on the pooled state draws from it."]
     winners = [key for key, row in c.items() if key != "effect control passed" and row["pretrained wins"]]
     lines += ["", (f"**Effect control: passed** ({'; '.join(winners)}): a pretrained reader beats its twin from "
                    f"scratch and the n-gram rule by more than the spread." if c["effect control passed"] else

@@ -93,7 +93,8 @@ class Backbone:
             from infra.pretrained import tokenizer_for
             self.model, checkpoint = load_model(path, device)
             meta = checkpoint["meta"]
-            self.tokenizer, self.pad = tokenizer_for(meta), Specials.from_meta(meta).pad
+            specials = Specials.from_meta(meta)
+            self.tokenizer, self.pad = tokenizer_for(meta), specials.pad
             self.objective = checkpoint["config"].get("objective")
         elif published:  # a hub name or a save_pretrained folder (pretrained.py; needs transformers)
             from infra.pretrained import load_for_sampling
@@ -112,6 +113,7 @@ class Backbone:
         else:
             raise UserError(f"--init_from={init_from} does not exist: pass a train.py out_dir (or its ckpt.pt)")
         self.arch, self.device = self.model.config.arch, device
+        self.mask = specials.mask  # [MASK]: what a masked model's own predictions read (fewlabels.py)
 
     def encode(self, texts):
         """Right-padded ids (B, T) and lengths (B,), each text cut to the model's context."""
