@@ -72,6 +72,48 @@ def test_the_rule_told_the_task_reads_it_without_labels_and_the_task_is_split_ap
     assert (fewlabels.told_rule(task["eval"], set()) == 1).mean() > 0.9  # the words it knows are what decide
 
 
+def plain_surprise(backbone, line):
+    """The highest loss of the model's own predictions of a line's characters, one at a time: gpt reads the
+    characters before t alone; bert reads the whole line with character t replaced by [MASK]."""
+    ids = torch.tensor([backbone.tokenizer.encode(line)])
+    losses = []
+    with torch.no_grad():
+        for t in range(1 if backbone.arch == "gpt" else 0, ids.size(1)):
+            if backbone.arch == "gpt":
+                logits = backbone.model.logits(backbone.model.run_stack(ids[:, :t]))[0, -1]
+            else:
+                masked = ids.clone()
+                masked[0, t] = backbone.mask
+                logits = backbone.model.logits(backbone.model.run_stack(masked))[0, t]
+            losses.append(float(torch.nn.functional.cross_entropy(logits, ids[0, t])))
+    return max(losses)
+
+
+@pytest.mark.parametrize("arch", fewlabels.SURPRISED)
+def test_a_models_own_surprise_against_a_plain_loop(arch):
+    """The batched surprise (lines of other lengths padded together) is the plain one-prediction-at-a-time loop's,
+    for gpt (each character from those before it) and bert (each character masked in turn)."""
+    backbone = tiny_backbone(arch)
+    backbone.mask = backbone.pad + 1
+    lines = ["the king is dead", "my lord", "ab"]
+    batched = fewlabels.highest_surprise(backbone, lines)
+    assert batched == pytest.approx([plain_surprise(backbone, line) for line in lines], abs=1e-4)
+
+
+def test_the_threshold_is_the_one_that_labels_the_training_lines_best():
+    """Against a brute force over every cut between training scores: the same predictions on the evaluation
+    scores; a separable training set is labelled right."""
+    rng = np.random.default_rng(0)
+    train, labels = rng.normal(size=40), rng.integers(0, 2, 40)
+    evaluation = rng.normal(size=200)
+    cuts = sorted(set(train))
+    best = max([cuts[0] - 1] + [(a + b) / 2 for a, b in zip(cuts, cuts[1:])],
+               key=lambda cut: (((train > cut) == labels).mean(), -cut))
+    assert (fewlabels.threshold_rule(train, labels, evaluation) == (evaluation > best)).all()
+    assert (fewlabels.threshold_rule(np.array([1.0, 2, 3, 4]), np.array([0, 0, 1, 1]), np.array([2.4, 2.6]))
+            == [0, 1]).all()
+
+
 # ----------------------------------------------------------------------------- the twin from scratch
 
 def test_the_twin_is_the_same_architecture_with_fresh_weights(monkeypatch):
