@@ -59,8 +59,8 @@ def test_a_misspelt_line_swaps_two_letters_inside_one_whole_word(texts):
 
 def test_the_rule_told_the_task_reads_it_without_labels_and_the_task_is_split_apart(texts):
     """The told rule (an unknown spelling of a whole word) catches every misspelt line and is right on most of the
-    others, which shows the task is well posed; the label sets are nested (N lines: the first N), the tuning lines come after the largest,
-    and no evaluation line is a training or tuning line."""
+    others, which shows the task is well posed; the label sets are nested (N lines: the first N), the tuning lines
+    come after the largest, and no evaluation line is a training or tuning line."""
     s = dict(fewlabels.SCALES["cpu"], labels=(100, 300), tune=100, eval=400)
     task = fewlabels.make_task(texts, s, 1337)
     assert len(task["train"]) == 300 and len(task["tune"]) == 100 and len(task["eval"]) == 400
@@ -194,6 +194,43 @@ def test_a_wrong_option_or_study_folder_is_one_line(tmp_path, option, needle):
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert needle in lines[0] and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("stop_at", [0, 3])
+def test_a_stop_never_replaces_a_whole_result(char_dataset, tmp_path, monkeypatch, stop_at):
+    """A stop before any cell finished writes nothing (status 130 from run_main); a stop later writes what
+    finished beside the whole result (-partial, its report saying so), never over it."""
+    import sys
+    folders = {(model, 1337): f"run-{model}" for model in ("gpt", "bert", "prefixlm", "t5", "diffusion")}
+    monkeypatch.setattr(fewlabels, "study_backbones", lambda *args: (folders, {
+        f"{model}, seed 1337": {"final_val_loss": 2.0, "written": 0} for model, _ in folders}))
+    monkeypatch.setattr(fewlabels, "surprise_readers", lambda folders, seeds, task, s, device: {
+        model: {str(n): [0.5] for n in s["labels"]} for model in fewlabels.SURPRISED})
+    monkeypatch.setattr(fewlabels, "Backbone", lambda folder, device: tiny_backbone("bert"))
+    cells = []
+
+    def one(backbone, how, splits, steps, length, s, seed, stop):
+        if len(cells) == stop_at:
+            raise KeyboardInterrupt
+        cells.append(how)
+        return {"accuracy": 0.5, "tuning": 0.5, "steps run": 2, "best step": 2, "flops": 1.0,
+                "checks": [[2, 0.5, 1.0]]}
+    monkeypatch.setattr(fewlabels, "classifier_cell", one)
+    whole = tmp_path / "fewlabels-quick.md"
+    whole.write_text("a complete run's table\n")
+    monkeypatch.setattr(sys, "argv", ["fewlabels.py", "--quick", f"--out_dir={tmp_path}", f"--dataset={char_dataset}"])
+    if stop_at == 0:
+        with pytest.raises(KeyboardInterrupt):
+            fewlabels.main()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["fewlabels-quick.md"]
+    else:
+        with pytest.raises(SystemExit) as ended:
+            fewlabels.main()
+        assert ended.value.code == 130
+        data = json.loads((tmp_path / "fewlabels-quick-partial.json").read_text())
+        assert len(data["cells"]) == stop_at
+        assert "Interrupted: 3 of" in (tmp_path / "fewlabels-quick-partial.md").read_text()
+    assert whole.read_text() == "a complete run's table\n"
 
 
 @pytest.mark.slow
