@@ -5,8 +5,8 @@ Printed from the files the answers rest on, so a reader holding the chapter sees
     python experiments/answers.py     # trains nothing: under a second of reading (0 minutes), from results/
 
 question 3 (B1, B2): labels decided by the right context, every reader fully fine-tuned and as a frozen probe,
-beside the rules (tagging); then B2, one pretraining and a new head per task: each task's positive control
-(finetune --study);
+beside the rules (tagging); then B2, one pretraining and a fresh head on few labels, each pretrained reader against
+its twin from scratch and the rules, with the effect control (fewlabels);
 question 5 (C2): the [MASK] mismatch, read on inputs without any [MASK] (the study's ablation);
 question 10 (E3, X1, F3): the chapter's scenarios for an encoder, each with its positive control (encoders):
 embedding models (retrieval of documents decided by their last line, and the control with it moved first),
@@ -19,7 +19,7 @@ import os
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TAGGING, FINETUNE = "results/structural/tagging-cpu.md", "results/study/finetune-cpu.md"
+TAGGING, FEWLABELS = "results/structural/tagging-cpu.md", "results/structural/fewlabels-cpu.md"
 STUDY, ENCODERS = "results/study/study-cpu.md", "results/structural/encoders-cpu.md"
 RERANKERS, JUDGE = "results/structural/rerankers-cpu.md", "results/structural/encoders-cpu-judge.md"
 ANSWERS = [  # question, claims, what it shows, the result file, the text its lines follow, the table's rows shown
@@ -27,9 +27,9 @@ ANSWERS = [  # question, claims, what it shows, the result file, the text its li
     (3, "B1", "per-character labels decided by what follows: a causal reader's own states against readers that "
               "see the right context (balanced accuracy; full: fine-tuned, probe: a head on frozen states)",
      TAGGING, "| reader | mode |", (), ("The prefix rule",)),
-    (3, "B2", "one pretraining, a new head per task (speaker, a tampered line, the next line): does any reader "
-              "pass its positive control?", FINETUNE, "Positive controls", None,
-     tuple(f"- {task} {mode}:" for task in ("speaker", "tampered", "retrieval") for mode in ("probe", "full"))),
+    (3, "B2", "one pretraining, a fresh head on 1,000 labels (is a word misspelt?): each pretrained reader against "
+              "its twin from scratch, the models' own surprise and the rules", FEWLABELS, "| labels | reader |",
+     ("| 1000 |", "| - |"), ("**Effect control",)),
     (5, "C2", "inputs with no [MASK] at all (as at fine-tuning): a new linear head on each model's frozen states",
      STUDY, "The measurement: a new linear head", ("| bert |", "| bert-100%-mask |", "| bert at initialisation |",
                                                    "| (rule)"), ()),

@@ -6,6 +6,8 @@ labels by the same recipe; beside both the rules.
 
     python experiments/fewlabels.py --jobs=2    # 2 label counts x 2 starts x 3 readers x 3 seeds x 3 rates, each
                                                 # cell trained to early stopping, then one rate past each edge kept
+                                                # (126 cells): 42 minutes on 2 cores of an Intel Xeon, the study's
+                                                # checkpoints present (missing: ~30 more)
                                                 # -> results/structural/fewlabels-cpu.{md,json,png}
     python experiments/fewlabels.py --quick     # a smoke run in seconds (the test suite runs it) -> out-quick/
 

@@ -83,9 +83,10 @@ def test_the_quick_start_runs_as_written_in_order(char_dataset, tmp_path):
 
 def test_smoke_runs_write_outside_the_committed_results(tmp_path):
     """--quick left at the default writes to out-quick/ (git-ignored), for every command that has one."""
-    from experiments import encoders, epochs, finetune, incontext, planning, rerankers, reversal, study, tagging
+    from experiments import (encoders, epochs, fewlabels, finetune, incontext, planning, rerankers, reversal, study,
+                             tagging)
     for defaults in (study.DEFAULTS, finetune.DEFAULTS, incontext.DEFAULTS, epochs.DEFAULTS, reversal.DEFAULTS,
-                     planning.DEFAULTS, tagging.DEFAULTS, encoders.DEFAULTS, rerankers.DEFAULTS):
+                     planning.DEFAULTS, tagging.DEFAULTS, encoders.DEFAULTS, rerankers.DEFAULTS, fewlabels.DEFAULTS):
         quick = output_folder(dict(defaults, quick=True), defaults)
         assert quick.startswith(QUICK_OUTPUT + os.sep) and not quick.startswith("results")
         assert output_folder(dict(defaults, quick=True, out_dir="mine"), defaults) == "mine"
