@@ -185,13 +185,12 @@ def misspelt_lines(text, count, length, rng, words, exclude=()):
         label = len(lines) % 2
         if label:
             misspelt = []
-            for match in re.finditer(r"[A-Za-z]{4,}", line):
-                if 0 < match.start() and match.end() < len(line):
-                    word = match.group()
-                    for i in range(1, len(word) - 2):  # (the first and last letters kept, as in a typical typo)
-                        swapped = word[:i] + word[i + 1] + word[i] + word[i + 2:]
-                        if swapped != word and swapped not in words:
-                            misspelt.append(line[:match.start()] + swapped + line[match.end():])
+            for match in whole_words(line):
+                word = match.group()
+                for i in range(1, len(word) - 2):  # (the first and last letters kept, as in a typical typo)
+                    swapped = word[:i] + word[i + 1] + word[i] + word[i + 2:]
+                    if swapped != word and swapped not in words:
+                        misspelt.append(line[:match.start()] + swapped + line[match.end():])
             if not misspelt:
                 continue
             line = misspelt[int(rng.integers(len(misspelt)))]
@@ -201,6 +200,12 @@ def misspelt_lines(text, count, length, rng, words, exclude=()):
             return lines, np.array(labels)
     raise UserError(f"the text gave only {len(lines)} lines for the misspelling task, {count} wanted: use a longer "
                     f"text or a smaller scale")
+
+
+def whole_words(line):
+    """The words of four letters or more of a line that its edges do not cut (regex matches): those a misspelling
+    may change, and those the rule told the task checks."""
+    return [m for m in re.finditer(r"[A-Za-z]{4,}", line) if 0 < m.start() and m.end() < len(line)]
 
 
 def words_of(text):

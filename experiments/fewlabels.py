@@ -33,7 +33,6 @@ Effect control (the winner first): some pretrained reader's mean - std above bot
 std and the n-gram rule, at some label count; else B2's payoff is "not reproduced" at these label counts and steps.
 """
 import os
-import re
 import sys
 import time
 
@@ -44,7 +43,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from experiments.encoder_tasks import misspelt_lines, words_of
+from experiments.encoder_tasks import misspelt_lines, whole_words, words_of
 from experiments.encoders import classifier_cell
 from experiments.equal_compute import machine_line, resolve_experiment, write_results
 from experiments.fewlabels_report import READERS, STARTS, controls, plot, report
@@ -88,8 +87,7 @@ def make_task(texts, s, seed):
 def told_rule(lines, words):
     """The rule told the task: misspelt (1) where a whole word of four letters or more (not cut by the line's edges)
     is spelt as the training text never spells a word; else as written (0). It reads no label."""
-    return np.array([int(any(m.group() not in words for m in re.finditer(r"[A-Za-z]{4,}", line)
-                             if 0 < m.start() and m.end() < len(line))) for line in lines])
+    return np.array([int(any(m.group() not in words for m in whole_words(line))) for line in lines])
 
 
 def highest_surprise(backbone, lines, batch=256):
@@ -133,6 +131,8 @@ def surprise_readers(folders, seeds, task, s, device):
     out = {model: {str(n): [] for n in s["labels"]} for model in SURPRISED}
     for model in SURPRISED:
         for seed in seeds:
+            print(f"[fewlabels] {model}'s own surprise over every line, seed {seed} (bert: a pass per position)",
+                  flush=True)
             backbone = Backbone(folders[(model, seed)], device)
             train, evaluation = highest_surprise(backbone, task["train"]), highest_surprise(backbone, task["eval"])
             for n in s["labels"]:
